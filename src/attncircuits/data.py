@@ -1,0 +1,267 @@
+"""Corpus, tokenizer and batches: everything the course feeds its models.
+
+The default corpus is real text that every Python installation carries: the standard library's
+source (code, docstrings, comments) and its bundled documentation text. Files are chosen by a fixed
+rule, ordered by path and split into train/validation by a hash of the path, so the split never
+depends on the order the file system lists them in. Any local text files go through the same loader.
+
+Tokens are byte-level BPE (HuggingFace ``tokenizers``): every Unicode string round-trips exactly.
+The vocabulary has 2048 entries: small enough that ``d_vocab x d_vocab`` tables (bigrams, OV
+circuits) are 4 M entries and fit in memory and on a heatmap, large enough that common identifiers
+and English words are single tokens, so skip-trigram tables read as words rather than letters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+EOT = "<|endoftext|>"
+DEFAULT_VOCAB_SIZE = 2048
+#: directories of the standard library left out: test suites are mostly synthetic strings.
+EXCLUDED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "turtledemo"}
+)
+CORPUS_SUFFIXES = (".py", ".txt")
+#: one file in ``VALIDATION_MODULUS`` (by path hash) goes to the validation split.
+VALIDATION_MODULUS = 10
+
+# Visible whitespace for tables and plots.
+_VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpus
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Corpus:
+    """A list of (name, text) documents split into train and validation by file."""
+
+    train: tuple[tuple[str, str], ...]
+    validation: tuple[tuple[str, str], ...]
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(len(t.encode("utf-8")) for _, t in self.train + self.validation)
+
+    def describe(self) -> str:
+        tb = sum(len(t.encode("utf-8")) for _, t in self.train)
+        vb = sum(len(t.encode("utf-8")) for _, t in self.validation)
+        return (
+            f"{len(self.train)} train files ({tb / 1e6:.2f} MB), "
+            f"{len(self.validation)} validation files ({vb / 1e6:.2f} MB)"
+        )
+
+
+def _is_validation(name: str) -> bool:
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+    return int(digest[:8], 16) % VALIDATION_MODULUS == 0
+
+
+def stdlib_files(root: str | Path | None = None) -> list[Path]:
+    """The standard-library files of the default corpus, sorted by relative path."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if path.suffix not in CORPUS_SUFFIXES or not path.is_file():
+            continue
+        if any(part in EXCLUDED_DIRS or part.startswith("test_") for part in rel.parts):
+            continue
+        files.append(path)
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def load_corpus(paths: Iterable[str | Path] | None = None, root: str | Path | None = None) -> Corpus:
+    """Load the default corpus (``paths=None``) or any local text files.
+
+    Files are read as UTF-8 (undecodable bytes become U+FFFD), ordered by name and split into
+    train and validation by a hash of the name, so the same files always give the same split.
+    """
+    if paths is None:
+        root = Path(root or sysconfig.get_paths()["stdlib"])
+        paths = stdlib_files(root)
+    else:
+        paths = [Path(p) for p in paths]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"corpus files not found: {missing[:5]}; pass existing text files")
+        root = None
+    docs = []
+    for p in paths:
+        name = p.relative_to(root).as_posix() if root is not None else p.as_posix()
+        text = p.read_bytes().decode("utf-8", errors="replace")
+        if text.strip():
+            docs.append((name, text))
+    if not docs:
+        raise ValueError("the corpus is empty: pass at least one non-empty text file")
+    docs.sort(key=lambda d: d[0])
+    train = tuple(d for d in docs if not _is_validation(d[0]))
+    val = tuple(d for d in docs if _is_validation(d[0]))
+    if not val or not train:  # tiny corpora: keep both splits non-empty
+        train, val = tuple(docs[:-1]) or tuple(docs), tuple(docs[-1:])
+    return Corpus(train=train, validation=val)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer
+# ----------------------------------------------------------------------------------------------
+def train_tokenizer(texts: Sequence[str], vocab_size: int = DEFAULT_VOCAB_SIZE):
+    """Train a byte-level BPE tokenizer; ``<|endoftext|>`` is token 0 and separates documents."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer JSON file, with a message that names the fix when it is missing."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"tokenizer file {path} not found; re-train with `make train` or restore it with "
+            "`git checkout -- src/attncircuits/pretrained`"
+        )
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
+        raise ValueError(f"tokenizer file {path} is corrupt ({err}); restore it from git") from err
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text).ids
+
+
+def decode(tokenizer, ids: Iterable[int]) -> str:
+    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def tokenize_documents(tokenizer, docs: Sequence[tuple[str, str]]) -> np.ndarray:
+    """All documents as one uint16 stream, each followed by ``<|endoftext|>``."""
+    eot = tokenizer.token_to_id(EOT)
+    encs = tokenizer.encode_batch([t for _, t in docs])
+    out = []
+    for e in encs:
+        out.extend(e.ids)
+        out.append(eot)
+    return np.asarray(out, dtype=np.uint16)
+
+
+def visible(s: str) -> str:
+    """Make whitespace visible: ``·`` for a space, ``⏎`` newline, ``⇥`` tab."""
+    return "".join(_VISIBLE.get(c, c) for c in s)
+
+
+def token_str(tokenizer, token_id: int) -> str:
+    """One token as readable text (whitespace made visible)."""
+    return visible(decode(tokenizer, [token_id]))
+
+
+def token_strs(tokenizer, ids: Iterable[int]) -> list[str]:
+    return [token_str(tokenizer, int(i)) for i in ids]
+
+
+def token_id(tokenizer, s: str) -> int:
+    """The id of a string that is exactly one token; ``·``/``⏎``/``⇥`` may stand for whitespace.
+
+    Raises a ValueError that lists the pieces when the string splits into several tokens.
+    """
+    raw = "".join({v: k for k, v in _VISIBLE.items()}.get(c, c) for c in s)
+    ids = encode(tokenizer, raw)
+    if len(ids) != 1:
+        pieces = token_strs(tokenizer, ids)
+        raise ValueError(f"{s!r} is not a single token: it splits into {len(ids)} tokens {pieces}")
+    return ids[0]
+
+
+def check_token_ids(ids: Sequence[int] | Tensor, d_vocab: int) -> None:
+    t = torch.as_tensor(ids)
+    if t.numel() and (t.min() < 0 or t.max() >= d_vocab):
+        bad = int(t[(t < 0) | (t >= d_vocab)][0])
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab}); check the tokenizer")
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches
+# ----------------------------------------------------------------------------------------------
+def random_windows(
+    tokens: np.ndarray | Tensor, batch_size: int, n_ctx: int, generator: torch.Generator
+) -> Int[Tensor, "batch pos"]:
+    """``batch_size`` windows of ``n_ctx`` consecutive tokens at random offsets."""
+    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if len(tokens) < n_ctx:
+        raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than n_ctx={n_ctx}")
+    starts = torch.randint(0, len(tokens) - n_ctx + 1, (batch_size,), generator=generator)
+    return torch.stack([tokens[s : s + n_ctx] for s in starts.tolist()])
+
+
+def repeated_windows(
+    tokens: np.ndarray | Tensor,
+    batch_size: int,
+    n_ctx: int,
+    generator: torch.Generator,
+    min_len: int = 8,
+    max_len: int | None = None,
+) -> Int[Tensor, "batch pos"]:
+    """Rows made of one window of real text repeated until ``n_ctx`` tokens are filled.
+
+    The window length is drawn per row from ``[min_len, max_len]`` (default ``n_ctx // 2``), so a
+    model sees repeats at many distances: the training signal that makes induction heads pay off.
+    """
+    max_len = max_len or n_ctx // 2
+    lens = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator).tolist()
+    windows = random_windows(tokens, batch_size, max_len, generator)
+    rows = [windows[i, :L].repeat(n_ctx // L + 1)[:n_ctx] for i, L in enumerate(lens)]
+    return torch.stack(rows)
+
+
+def repeated_random_tokens(
+    batch_size: int,
+    seq_len: int,
+    n_repeats: int = 2,
+    d_vocab: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    n_ctx: int | None = None,
+    prepend_eot: bool = True,
+) -> Int[Tensor, "batch pos"]:
+    """Uniformly random tokens repeated ``n_repeats`` times: ``[EOT] r1..rL r1..rL ...``.
+
+    Nothing but an earlier copy can predict a token of a later copy, so loss that falls on the
+    later copies is in-context learning, and attention to "the token after my earlier copy" is
+    prefix matching. Token 0 (``<|endoftext|>``) is never drawn; with ``prepend_eot`` it starts
+    each row, as a document start does in training.
+    """
+    total = seq_len * n_repeats + int(prepend_eot)
+    if seq_len < 1 or n_repeats < 1:
+        raise ValueError("seq_len and n_repeats must be at least 1")
+    if n_ctx is not None and total > n_ctx:
+        max_len = (n_ctx - int(prepend_eot)) // n_repeats
+        raise ValueError(
+            f"{n_repeats} copies of {seq_len} tokens (+{int(prepend_eot)} start token) need "
+            f"{total} positions but n_ctx={n_ctx}; use seq_len <= {max_len}"
+        )
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, d_vocab, (batch_size, seq_len), generator=g)
+    rows = seq.repeat(1, n_repeats)
+    if prepend_eot:
+        rows = torch.cat([torch.zeros(batch_size, 1, dtype=torch.long), rows], dim=1)
+    return rows

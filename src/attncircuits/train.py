@@ -1,0 +1,229 @@
+"""Training: one function and a CLI, ``python -m attncircuits.train --preset attn-only-2l``.
+
+AdamW with linear warmup and cosine decay, fixed seeds, the device picked automatically (CUDA,
+MPS or CPU), a tqdm bar with loss and tokens/s, and a history logged every ``eval_every`` steps:
+train and validation loss and, for models with layers, each head's previous-token and
+prefix-matching score and the loss on repeated random tokens. Output is a checkpoint directory
+(see ``pretrained.py``); nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import data
+from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from .pretrained import CORPUS_DIR, PRETRAINED_DIR, save_checkpoint, save_corpus_files, state_dict_for_save
+from .scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 6000
+    batch_size: int = 16  # 16 x 128 = 2k tokens a step: many small steps beat few big ones on a CPU
+    lr: float = 3e-3  # high for a transformer, fine for one this small with a unit-scale residual
+    warmup_steps: int = 200
+    min_lr_frac: float = 0.1  # cosine decay ends at 10% of lr
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = 1.0
+    # Fraction of each batch that is a window of real text repeated to fill the context. Natural
+    # text repeats too rarely in 128 tokens for induction heads to pay off within a CPU budget;
+    # a third of rows with repeats makes copying-from-context worth learning early.
+    repeat_frac: float = 0.3
+    # Fraction of rows that are uniformly random tokens repeated: every token of the vocabulary,
+    # rare ones included, then has to be copied somewhere, so the OV circuits learn to copy all
+    # tokens rather than only frequent ones.
+    random_repeat_frac: float = 0.0
+    seed: int = 0
+    eval_every: int = 250
+    eval_batches: int = 4  # x batch_size windows of validation text per evaluation
+    snapshot_steps: list[int] = field(default_factory=list)
+
+
+PRESETS: dict[str, tuple[dict, dict]] = {
+    # The recipe is shared, only depth differs, so the three models differ in nothing but layers.
+    "attn-only-0l": ({"n_layers": 0}, {"steps": 3000}),
+    "attn-only-1l": ({"n_layers": 1}, {"steps": 6000}),
+    "attn-only-2l": ({"n_layers": 2}, {"steps": 6000, "snapshot_steps": [0, 500, 1000, 1500, 2000, 3000, 4000]}),
+    # a seconds-long run for the first chapter and the tests
+    "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
+}
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def make_batch(tokens, cfg: TrainConfig, n_ctx: int, g: torch.Generator) -> torch.Tensor:
+    n_rep = round(cfg.repeat_frac * cfg.batch_size)
+    n_rand = round(cfg.random_repeat_frac * cfg.batch_size)
+    parts = [data.random_windows(tokens, cfg.batch_size - n_rep - n_rand, n_ctx, g)]
+    if n_rep:
+        parts.append(data.repeated_windows(tokens, n_rep, n_ctx, g))
+    if n_rand:
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
+        L = int(torch.randint(8, n_ctx // 2, (1,), generator=g))
+        rows = data.repeated_random_tokens(n_rand, L, n_ctx // L + 1, n_ctx=None, seed=seed,
+                                           d_vocab=int(tokens.max()) + 1)[:, :n_ctx]
+        parts.append(rows)
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def evaluate(model: AttnOnlyTransformer, val_batches: torch.Tensor) -> dict:
+    model.eval()
+    dev = model.W_E.device
+    out = {"val_loss": float(np.mean([loss_fn(model(b.to(dev)), b.to(dev)).item() for b in val_batches]))}
+    if model.cfg.n_layers:
+        out["prev_token"] = previous_token_scores(model, val_batches[0].to(dev)).tolist()
+        out["prefix_matching"] = prefix_matching_scores(model).tolist()
+        rl = repeated_token_loss(model)
+        out["repeated_loss_first"], out["repeated_loss_second"] = rl.first, rl.second
+    model.train()
+    return out
+
+
+def corpus_streams(tokenizer) -> tuple[np.ndarray, np.ndarray, data.Corpus]:
+    corpus = data.load_corpus()
+    return data.tokenize_documents(tokenizer, corpus.train), data.tokenize_documents(tokenizer, corpus.validation), corpus
+
+
+def train(
+    model_cfg: AttnOnlyConfig,
+    cfg: TrainConfig,
+    train_tokens: np.ndarray,
+    val_tokens: np.ndarray,
+    device: str | None = None,
+    progress: bool = True,
+) -> tuple[AttnOnlyTransformer, dict, dict[int, dict]]:
+    """Train a model; returns it, its history and the snapshots asked for in ``cfg``."""
+    dev = pick_device(device)
+    torch.manual_seed(cfg.seed)
+    model = AttnOnlyTransformer(model_cfg).to(dev)
+    decay = [p for n, p in model.named_parameters() if n != "W_E"]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": [model.W_E], "weight_decay": 0.0}],
+        lr=cfg.lr, betas=cfg.betas,
+    )
+    g = torch.Generator().manual_seed(cfg.seed)
+    val_g = torch.Generator().manual_seed(cfg.seed + 1)
+    n_ctx = model_cfg.n_ctx
+    val_batches = torch.stack([data.random_windows(val_tokens, cfg.batch_size, n_ctx, val_g) for _ in range(cfg.eval_batches)])
+    history: dict = {"step": [], "tokens": [], "train_loss": [], "lr": [], "wall_s": []}
+    snapshots: dict[int, dict] = {}
+    t0, ema = time.time(), None
+    bar = tqdm(range(cfg.steps + 1), disable=not progress, desc=f"{model_cfg.n_layers}L", mininterval=0.5)
+    for step in bar:
+        if step in cfg.snapshot_steps:
+            snapshots[step] = state_dict_for_save(model)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            ev = evaluate(model, val_batches)
+            for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema,
+                             "lr": lr_at(step, cfg), "wall_s": time.time() - t0, **ev}.items():
+                history.setdefault(key, []).append(val)
+        if step == cfg.steps:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)
+        loss = loss_fn(model(batch), batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if step % 10 == 0:
+            tps = (step + 1) * cfg.batch_size * n_ctx / (time.time() - t0)
+            bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
+    history["tokens_per_s"] = cfg.steps * cfg.batch_size * n_ctx / (time.time() - t0)
+    model.eval()
+    return model, history, snapshots
+
+
+def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE) -> Path:
+    """Train the tokenizer on the default corpus and write the shipped corpus files."""
+    corpus = data.load_corpus()
+    t = time.time()
+    tok = data.train_tokenizer([text for _, text in corpus.train], vocab_size)
+    CORPUS_DIR.mkdir(parents=True, exist_ok=True)
+    tok_path = CORPUS_DIR / "tokenizer.json"
+    tok.save(str(tok_path))
+    tr, va = data.tokenize_documents(tok, corpus.train), data.tokenize_documents(tok, corpus.validation)
+    info = {
+        "source": f"Python {sys.version.split()[0]} standard library (*.py, *.txt; test folders excluded)",
+        "train_files": len(corpus.train), "validation_files": len(corpus.validation),
+        "train_bytes": sum(len(x.encode()) for _, x in corpus.train),
+        "validation_bytes": sum(len(x.encode()) for _, x in corpus.validation),
+        "train_tokens": int(len(tr)), "validation_tokens": int(len(va)), "vocab_size": vocab_size,
+        "validation_file_names": [n for n, _ in corpus.validation],
+    }
+    save_corpus_files(tok_path, va, tr, info)
+    print(f"corpus: {corpus.describe()}; {len(tr):,} + {len(va):,} tokens; tokenizer in {time.time() - t:.1f}s")
+    return tok_path
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="attn-only-2l")
+    p.add_argument("--out", type=Path, help="output directory (default: the shipped model's directory)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
+    p.add_argument("--prepare-corpus", action="store_true", help="(re)train the tokenizer and corpus files first")
+    p.add_argument("--corpus-files", nargs="+", type=Path, help="train on these local text files instead")
+    p.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (one per process uses these models well)")
+    for f in fields(TrainConfig):  # every TrainConfig field is a flag, e.g. --steps 200
+        if f.name not in ("snapshot_steps", "betas"):
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(TrainConfig(), f.name)))
+    p.add_argument("--snapshot-steps", type=int, nargs="*")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_kw, train_kw = PRESETS[args.preset]
+    cfg = TrainConfig(**{**train_kw, **{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}})
+    out = args.out or PRETRAINED_DIR / args.preset
+    if (out / "model.safetensors").exists() and not args.overwrite:
+        p.error(f"{out} already holds a model; pass --overwrite to replace it or --out to write elsewhere")
+    if args.corpus_files:
+        corpus = data.load_corpus(args.corpus_files)
+        tok = data.train_tokenizer([t for _, t in corpus.train], model_kw.get("d_vocab", data.DEFAULT_VOCAB_SIZE))
+        tok_path = out.with_name(out.name + ".tokenizer.json")
+        tok.save(str(tok_path))
+        tr, va = data.tokenize_documents(tok, corpus.train), data.tokenize_documents(tok, corpus.validation)
+        model_kw = {**model_kw, "d_vocab": tok.get_vocab_size()}
+    else:
+        tok_path = CORPUS_DIR / "tokenizer.json"
+        if args.prepare_corpus or not tok_path.is_file():
+            prepare_corpus()
+        tr, va, _ = corpus_streams(data.load_tokenizer(tok_path))
+    model, history, snaps = train(AttnOnlyConfig(**model_kw), cfg, tr, va, device=args.device)
+    meta = {"preset": args.preset, "train": asdict(cfg), "torch": torch.__version__, "python": sys.version.split()[0]}
+    save_checkpoint(model, out, tok_path, meta=meta, history=history, snapshots=snaps, overwrite=args.overwrite)
+    last = {k: v[-1] for k, v in history.items() if isinstance(v, list) and v and not isinstance(v[-1], list)}
+    print(f"saved {out}: {last}; {history['tokens_per_s']:,.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
