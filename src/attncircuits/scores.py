@@ -76,3 +76,31 @@ def repeated_token_loss(
     first = nll[:, 1:L].mean().item()  # targets at positions 2..L
     second = nll[:, L + 1 : 2 * L].mean().item()  # targets at positions L+2..2L
     return RepeatedLoss(first, second)
+
+
+def icl_positions(n_ctx: int, late: int = 500, early: int = 50, ref_ctx: int = 512) -> tuple[int, int]:
+    """Olsson et al.'s token 500 vs token 50 of a 512-token context, scaled to ``n_ctx``."""
+    return round(late * n_ctx / ref_ctx), round(early * n_ctx / ref_ctx)
+
+
+@torch.no_grad()
+def in_context_learning_score(
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    late: int | None = None,
+    early: int | None = None,
+) -> float:
+    """Loss at a late position minus loss at an early one (nats; negative = the model uses context).
+
+    Olsson et al. use token 500 minus token 50 in 512-token contexts; by default the positions are
+    scaled to this model's context (``icl_positions``: 125 and 12 for n_ctx=128). Losses are means
+    over ``tokens``' rows at those target positions.
+    """
+    n = tokens.shape[-1]
+    d_late, d_early = icl_positions(model.cfg.n_ctx)
+    late, early = late if late is not None else d_late, early if early is not None else d_early
+    for name, p in (("late", late), ("early", early)):
+        if not 1 <= p < n:
+            raise ValueError(f"ICL position {name}={p} is outside the sequence: use 1 <= position < {n} (n_ctx={model.cfg.n_ctx})")
+    nll = loss_fn(model(tokens), tokens, per_token=True)  # nll[:, t] is the loss of target t+1
+    return (nll[:, late - 1].mean() - nll[:, early - 1].mean()).item()

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from . import data
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 from .pretrained import CORPUS_DIR, PRETRAINED_DIR, save_checkpoint, save_corpus_files, state_dict_for_save
-from .scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
+from .scores import in_context_learning_score, prefix_matching_scores, previous_token_scores, repeated_token_loss
 
 
 @dataclass
@@ -46,7 +46,7 @@ class TrainConfig:
     random_repeat_frac: float = 0.0
     seed: int = 0
     eval_every: int = 250
-    eval_batches: int = 4  # x batch_size windows of validation text per evaluation
+    eval_batches: int = 16  # x batch_size windows of validation text per evaluation (ICL score needs many)
     snapshot_steps: list[int] = field(default_factory=list)
 
 
@@ -97,6 +97,7 @@ def evaluate(model: AttnOnlyTransformer, val_batches: torch.Tensor) -> dict:
     model.eval()
     dev = model.W_E.device
     out = {"val_loss": float(np.mean([loss_fn(model(b.to(dev)), b.to(dev)).item() for b in val_batches]))}
+    out["icl_score"] = in_context_learning_score(model, val_batches.flatten(0, 1).to(dev))
     if model.cfg.n_layers:
         out["prev_token"] = previous_token_scores(model, val_batches[0].to(dev)).tolist()
         out["prefix_matching"] = prefix_matching_scores(model).tolist()
