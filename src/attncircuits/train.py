@@ -100,7 +100,8 @@ def evaluate(model: AttnOnlyTransformer, val_batches: torch.Tensor) -> dict:
     out["icl_score"] = in_context_learning_score(model, val_batches.flatten(0, 1).to(dev))
     if model.cfg.n_layers:
         out["prev_token"] = previous_token_scores(model, val_batches[0].to(dev)).tolist()
-        out["prefix_matching"] = prefix_matching_scores(model).tolist()
+        # Olsson's 25 random tokens x 4 copies; shorter copies when the context is too small
+        out["prefix_matching"] = prefix_matching_scores(model, seq_len=min(25, (model.cfg.n_ctx - 1) // 4)).tolist()
         rl = repeated_token_loss(model)
         out["repeated_loss_first"], out["repeated_loss_second"] = rl.first, rl.second
     model.train()

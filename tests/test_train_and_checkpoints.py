@@ -1,0 +1,120 @@
+"""Training lowers the loss; checkpoints round-trip and refuse bad or tampered files."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from attncircuits import AttnOnlyConfig, load_checkpoint, load_pretrained
+from attncircuits.pretrained import CORPUS_DIR, save_checkpoint
+from attncircuits.train import PRESETS, TrainConfig, lr_at, main, train
+
+TOKENIZER = CORPUS_DIR / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def trained():
+    rng = np.random.default_rng(0)
+    stream = np.tile(rng.integers(1, 2048, 40), 60).astype(np.uint16)  # a short text repeated
+    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, n_ctx=32)
+    tcfg = TrainConfig(steps=40, batch_size=8, eval_every=20, eval_batches=1, warmup_steps=5, snapshot_steps=[0, 20])
+    return train(cfg, tcfg, stream, stream, progress=False)
+
+
+def test_training_lowers_loss(trained):
+    _, history, snaps = trained
+    assert history["val_loss"][-1] < history["val_loss"][0] - 1.0
+    assert sorted(snaps) == [0, 20]
+    assert len(history["prefix_matching"][0]) == 1 and len(history["prev_token"][0][0]) == 2
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(steps=100, warmup_steps=10, lr=1.0, min_lr_frac=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+
+
+def test_save_load_round_trip(trained, tmp_path):
+    model, history, snaps = trained
+    out = save_checkpoint(model, tmp_path / "m", TOKENIZER, meta={"preset": "test"}, history=history, snapshots=snaps)
+    ck = load_checkpoint(out)
+    tokens = torch.randint(0, 2048, (2, 16))
+    with torch.no_grad():  # fp16 storage: equal up to half precision
+        torch.testing.assert_close(ck.model(tokens), model(tokens), atol=0.05, rtol=0.01)
+    assert ck.snapshot_steps == [0, 20] and ck.history["step"] == history["step"]
+    assert ck.load_snapshot(20).cfg == model.cfg
+    with pytest.raises(FileNotFoundError, match="available steps"):
+        ck.load_snapshot(7)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        save_checkpoint(model, out, TOKENIZER)
+    save_checkpoint(model, out, TOKENIZER, overwrite=True)
+    assert not (tmp_path / "m.partial").exists()
+
+
+@pytest.fixture
+def saved(trained, tmp_path):
+    return save_checkpoint(trained[0], tmp_path / "m", TOKENIZER)
+
+
+def test_tampered_weights_are_refused(saved):
+    w = saved / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match its SHA-256"):
+        load_checkpoint(saved)
+
+
+def test_missing_tokenizer(saved):
+    (saved / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_checkpoint(saved)
+
+
+def test_config_disagrees_with_weights(saved):
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["model"]["d_model"] = 64
+    (saved / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="disagree"):
+        load_checkpoint(saved, verify=False)
+
+
+def test_corrupt_weights_file(saved):
+    (saved / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a readable safetensors"):
+        load_checkpoint(saved, verify=False)
+
+
+def test_missing_directory_and_unknown_name(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_checkpoint(tmp_path / "nothing")
+    with pytest.raises(KeyError, match="attn-only-0l, attn-only-1l, attn-only-2l"):
+        load_pretrained("attn-only-3l")
+
+
+def test_cli_refuses_existing_output(saved, capsys):
+    with pytest.raises(SystemExit):
+        main(["--preset", "tiny", "--out", str(saved)])
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_cli_trains_on_local_files(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(10):
+        (docs / f"{i}.txt").write_text(f"File {i}. " + "all work and no play makes a dull model. " * 30)
+    out = tmp_path / "model"
+    main(["--preset", "tiny", "--out", str(out), "--steps", "5", "--eval-every", "5", "--eval-batches", "1",
+          "--corpus-files", *map(str, sorted(docs.iterdir()))])
+    ck = load_checkpoint(out)
+    assert ck.model.cfg.n_ctx == 64 and ck.history["step"] == [0, 5]
+    assert ck.tokenizer.get_vocab_size() == ck.model.cfg.d_vocab
+    shutil.rmtree(out)
+
+
+def test_presets_share_one_recipe():
+    recipes = {k: v for k, v in PRESETS.items() if k.startswith("attn-only")}
+    mix = {(t.get("repeat_frac"), t.get("random_repeat_frac"), t.get("lr")) for _, t in recipes.values()}
+    assert len(mix) == 1  # the three shipped models differ in depth (and steps) only
