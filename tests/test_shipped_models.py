@@ -1,0 +1,56 @@
+"""The shipped checkpoints meet the targets the course relies on, measured on the shipped files."""
+
+import pytest
+import torch
+
+from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
+from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, load_validation_tokens
+from attncircuits.scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: load_pretrained(name).model for name in MODEL_NAMES}
+
+
+@pytest.fixture(scope="module")
+def val_windows():
+    val = load_validation_tokens()
+    n = 128
+    return val[: len(val) // n * n].view(-1, n)[::8]  # ~320 disjoint windows, every 8th
+
+
+def test_total_size_fits_in_git():
+    size = sum(p.stat().st_size for p in PRETRAINED_DIR.rglob("*") if p.is_file())
+    assert size <= 25e6, f"shipped files take {size / 1e6:.1f} MB"
+
+
+def test_zero_layer_is_a_near_optimal_bigram_model(models):
+    prev, nxt, count = load_train_bigram_counts()
+    model = models["attn-only-0l"]
+    with torch.no_grad():
+        logp = (model.W_E @ model.W_U).log_softmax(-1)
+    n = count.sum()
+    model_loss = -(count * logp[prev, nxt]).sum() / n
+    row = torch.zeros(model.cfg.d_vocab, dtype=torch.long).index_add_(0, prev, count)
+    entropy = -(count * (count / row[prev]).log()).sum() / n
+    assert model_loss <= 1.05 * entropy, (model_loss, entropy)
+
+
+def test_loss_falls_with_depth(models, val_windows):
+    with torch.no_grad():
+        losses = [loss_fn(models[m](val_windows), val_windows).item() for m in MODEL_NAMES]
+    assert losses[0] > losses[1] > losses[2]
+
+
+def test_two_layer_model_has_induction_heads(models, val_windows):
+    model = models["attn-only-2l"]
+    assert previous_token_scores(model, val_windows[:64])[0].max() >= 0.5
+    assert prefix_matching_scores(model)[1].max() >= 0.5
+    assert repeated_token_loss(model).ratio <= 0.5
+
+
+def test_one_layer_model_has_no_induction_heads(models):
+    model = models["attn-only-1l"]
+    assert prefix_matching_scores(model).max() < 0.2
+    assert repeated_token_loss(model).ratio >= 0.8
