@@ -108,6 +108,15 @@ def evaluate(model: AttnOnlyTransformer, val_batches: torch.Tensor) -> dict:
     return out
 
 
+def _summary(step: int, ev: dict) -> str:
+    line = f"step {step:>6}: val loss {ev['val_loss']:.3f}, ICL {ev['icl_score']:+.2f}"
+    if "prev_token" in ev:
+        line += (f", best prev-token {max(max(r) for r in ev['prev_token']):.2f}"
+                 f", best prefix-matching {max(max(r) for r in ev['prefix_matching']):.2f}"
+                 f", repeated tokens loss {ev['repeated_loss_first']:.2f} -> {ev['repeated_loss_second']:.2f}")
+    return line
+
+
 def corpus_streams(tokenizer) -> tuple[np.ndarray, np.ndarray, data.Corpus]:
     corpus = data.load_corpus()
     return data.tokenize_documents(tokenizer, corpus.train), data.tokenize_documents(tokenizer, corpus.validation), corpus
@@ -146,6 +155,8 @@ def train(
             for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema,
                              "lr": lr_at(step, cfg), "wall_s": time.time() - t0, **ev}.items():
                 history.setdefault(key, []).append(val)
+            if progress:
+                bar.write(_summary(step, ev))
         if step == cfg.steps:
             break
         for group in opt.param_groups:
