@@ -10,3 +10,5 @@ One module per idea, in the order the book teaches them:
 
 Everything public is re-exported here: ``from attncircuits.circuits import FactoredMatrix``.
 """
+
+from .factored import *  # noqa: E402,F401,F403  (the names in factored.__all__)
