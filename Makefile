@@ -8,7 +8,15 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: book test train clean venv
+# Offline assets of the static book, fetched from the npm registry at build time (never committed):
+# MathJax 3 (math) and the ipywidgets 8 embed manager (widget state in the pages). Pinned here.
+MATHJAX_NPM ?= mathjax@3.2.2
+WIDGETS_NPM ?= @jupyter-widgets/html-manager@1.0.15
+VENDOR := book/_static/vendor
+# Headless browser for `make screenshots` (Debian's chromium).
+CHROMIUM ?= chromium
+
+.PHONY: book book-assets test train clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -20,8 +28,43 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-book: venv
+# Warnings are errors: a failing cell, a broken reference or a missing figure fails the build.
+# Executed notebooks are cached in _build/.jupyter_cache, so a rebuild reruns only changed ones.
+book: venv book-assets
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+book-assets: $(VENDOR)/.fetched
+
+$(VENDOR)/.fetched: Makefile
+	@command -v npm >/dev/null || { echo "npm is needed to fetch MathJax and the widget manager for the offline book: run 'apt-get install -y npm' (or install Node.js), then 'make book' again." >&2; exit 1; }
+	rm -rf $(VENDOR) $(VENDOR).tmp && mkdir -p $(VENDOR).tmp/mathjax $(VENDOR).tmp/html-manager
+	cd $(VENDOR).tmp && npm pack --silent $(MATHJAX_NPM) $(WIDGETS_NPM) >/dev/null
+	tar xzf $(VENDOR).tmp/mathjax-*.tgz -C $(VENDOR).tmp/mathjax --strip-components=2 \
+	  package/es5/tex-chtml.js package/es5/input/tex package/es5/output/chtml package/es5/ui \
+	  package/es5/a11y package/es5/sre
+	tar xzf $(VENDOR).tmp/mathjax-*.tgz -C $(VENDOR).tmp/mathjax --strip-components=1 package/LICENSE package/package.json
+	tar xzf $(VENDOR).tmp/jupyter-widgets-html-manager-*.tgz -C $(VENDOR).tmp/html-manager --strip-components=2 \
+	  --exclude='*.map' --exclude='*amd.js' package/dist
+	tar xzf $(VENDOR).tmp/jupyter-widgets-html-manager-*.tgz -C $(VENDOR).tmp/html-manager --strip-components=1 package/package.json
+	rm $(VENDOR).tmp/*.tgz && mv $(VENDOR).tmp $(VENDOR) && touch $@
+
+# PNGs of the built landing page and one chapter, opened from file:// by a headless browser with
+# the network features off, into screenshots/ (git-ignored). Installs Debian's chromium if needed.
+SHOT_PAGES ?= intro notebooks/01_attention_only_transformer
+screenshots:
+	@test -f _build/html/index.html || { echo "no built book: run 'make book' first" >&2; exit 1; }
+	@command -v $(CHROMIUM) >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+	mkdir -p screenshots
+	@for page in $(SHOT_PAGES); do \
+	  f=_build/html/$$page.html; [ -f $$f ] || f=_build/html/book/$$page.html; \
+	  [ -f $$f ] || { echo "no page $$page in _build/html" >&2; exit 1; }; \
+	  profile=$$(mktemp -d); out=screenshots/$$(echo $$page | tr / _).png; \
+	  timeout 120 $(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-background-networking \
+	    --disable-component-update --disable-sync --no-first-run --disable-quic --user-data-dir=$$profile \
+	    --hide-scrollbars --window-size=1400,1800 --virtual-time-budget=10000 \
+	    --screenshot=$$out file://$(CURDIR)/$$f 2>/dev/null; rc=$$?; rm -rf $$profile; \
+	  [ $$rc -eq 0 ] && [ -s $$out ] || { echo "chromium failed on $$f" >&2; exit 1; }; echo "$$out"; \
+	done
 
 test: venv
 	$(PY) -m pytest tests
@@ -34,5 +77,5 @@ train: venv
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-2l --threads 1 --overwrite
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache screenshots $(VENDOR)
 	find . -name __pycache__ -prune -exec rm -rf {} +
