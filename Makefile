@@ -12,7 +12,8 @@ TORCH_INDEX ?=
 # MathJax 3 (math) and the ipywidgets 8 embed manager (widget state in the pages). Pinned here.
 MATHJAX_NPM ?= mathjax@3.2.2
 WIDGETS_NPM ?= @jupyter-widgets/html-manager@1.0.15
-VENDOR := book/_static/vendor
+VENDOR ?= book/_static/vendor
+NPM ?= npm
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
@@ -36,9 +37,9 @@ book: venv book-assets
 book-assets: $(VENDOR)/.fetched
 
 $(VENDOR)/.fetched: Makefile
-	@command -v npm >/dev/null || { echo "npm is needed to fetch MathJax and the widget manager for the offline book: run 'apt-get install -y npm' (or install Node.js), then 'make book' again." >&2; exit 1; }
+	@command -v $(NPM) >/dev/null || { echo "npm is needed to fetch MathJax and the widget manager for the offline book: run 'apt-get install -y npm' (or install Node.js), then 'make book' again." >&2; exit 1; }
 	rm -rf $(VENDOR) $(VENDOR).tmp && mkdir -p $(VENDOR).tmp/mathjax $(VENDOR).tmp/html-manager
-	cd $(VENDOR).tmp && npm pack --silent $(MATHJAX_NPM) $(WIDGETS_NPM) >/dev/null
+	cd $(VENDOR).tmp && $(NPM) pack --silent $(MATHJAX_NPM) $(WIDGETS_NPM) >/dev/null
 	tar xzf $(VENDOR).tmp/mathjax-*.tgz -C $(VENDOR).tmp/mathjax --strip-components=2 \
 	  package/es5/tex-chtml.js package/es5/input/tex package/es5/output/chtml package/es5/ui \
 	  package/es5/a11y package/es5/sre
@@ -61,6 +62,7 @@ screenshots:
 	  profile=$$(mktemp -d); out=screenshots/$$(echo $$page | tr / _).png; \
 	  timeout 120 $(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-background-networking \
 	    --disable-component-update --disable-sync --no-first-run --disable-quic --user-data-dir=$$profile \
+	    '--host-resolver-rules=MAP * ~NOTFOUND' \
 	    --hide-scrollbars --window-size=1400,1800 --virtual-time-budget=10000 \
 	    --screenshot=$$out file://$(CURDIR)/$$f 2>/dev/null; rc=$$?; rm -rf $$profile; \
 	  [ $$rc -eq 0 ] && [ -s $$out ] || { echo "chromium failed on $$f" >&2; exit 1; }; echo "$$out"; \

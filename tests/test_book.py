@@ -1,0 +1,305 @@
+"""The book builds, with the project's own _config.yml, into a site that works offline.
+
+One build of a smoke subset keeps this under a minute: every page of ``_toc.yml`` (chapter
+notebooks are rendered but not executed here; ``make book`` and nbval execute them) plus a small
+notebook made here that draws a figure, shows math and embeds a widget, executed by the build. The
+build runs with the Makefile's flags (``-W -n --keep-going``); the HTML is then checked without
+trusting the build's own checks: no page or stylesheet loads anything from another host, every
+page in the table of contents exists, every image and local script a page loads exists, math is
+typeset by the local MathJax, widget state is rendered by the local embed manager, and chapter
+pages carry a Colab launch button. Two cheap builds check the failure modes: a notebook that raises
+and a missing offline asset.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import nbformat
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+JUPYTER_BOOK = Path(sys.executable).with_name("jupyter-book")
+BUILD_FLAGS = ["-W", "-n", "--keep-going"]  # as in the Makefile's `book` target
+
+
+def test_makefile_builds_with_warnings_as_errors():
+    book_rule = re.search(r"^book:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert book_rule, "the Makefile has no `book` target"
+    assert "jupyter-book build . " + " ".join(BUILD_FLAGS) in book_rule.group(1)
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+class _Loads(HTMLParser):
+    """Every URL an HTML page fetches while loading (not plain links), with the tag that loads it."""
+
+    LINK_RELS = {"stylesheet", "preload", "modulepreload", "prefetch", "icon", "preconnect", "dns-prefetch"}
+
+    def __init__(self):
+        super().__init__()
+        self.loads: list[tuple[str, str]] = []  # (tag, url)
+        self.scripts: list[dict] = []
+        self.links: list[str] = []  # <a href>
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag in {"script", "img", "iframe", "source", "embed", "audio", "video"} and a.get("src"):
+            self.loads.append((tag, a["src"]))
+        if tag == "link" and a.get("href") and self.LINK_RELS & set((a.get("rel") or "").lower().split()):
+            self.loads.append((tag, a["href"]))
+        if tag == "script":
+            self.scripts.append(a)
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+
+
+def _pages(html_dir: Path) -> list[Path]:
+    """The built pages (not the theme's template fragments under _static/)."""
+    return sorted(p for p in html_dir.rglob("*.html") if "_static" not in p.relative_to(html_dir).parts)
+
+
+def _parse(html_file: Path) -> _Loads:
+    p = _Loads()
+    p.feed(html_file.read_text(encoding="utf-8"))
+    return p
+
+
+def _external(url: str) -> bool:
+    return bool(re.match(r"^\s*(https?:)?//", url, re.IGNORECASE))
+
+
+def _local_target(html_file: Path, url: str) -> Path | None:
+    parts = urlsplit(url)
+    if parts.scheme or parts.netloc or not parts.path:
+        return None
+    return (html_file.parent / unquote(parts.path)).resolve()
+
+
+def _docnames(toc: dict) -> list[str]:
+    """Every file of a jb-book table of contents (root, parts, chapters, sections)."""
+    names = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                names.append(entry["file"])
+            walk(entry.get("sections"))
+            walk(entry.get("chapters"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return [re.sub(r"\.(md|ipynb)$", "", n) for n in names]
+
+
+def _smoke_notebook() -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Smoke chapter\n\nThe direct path $W_U W_E$ and a display equation\n\n$$T = W_E W_U$$"),
+        nbformat.v4.new_code_cell(
+            "import matplotlib.pyplot as plt\n"
+            "fig, ax = plt.subplots(figsize=(3, 2))\nax.plot([0, 1, 2], [2, 0, 1])\nplt.show()"
+        ),
+        nbformat.v4.new_code_cell("import ipywidgets as widgets\nwidgets.IntSlider(value=3, max=7, description='head')"),
+        nbformat.v4.new_code_cell("assert 1 + 1 == 2", metadata={"tags": ["remove-input"]}),
+    ]
+    return nb
+
+
+def _source_tree(tmp: Path, toc: dict, config: dict | None = None) -> Path:
+    """A build folder that sees the repository's pages through symlinks, with its own _toc.yml.
+
+    ``config=None`` links the repository's _config.yml itself; a dict is written instead.
+    """
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("book", "notebooks"):
+        if (REPO / name).exists():
+            (src / name).symlink_to(REPO / name)
+    if config is None:
+        (src / "_config.yml").symlink_to(REPO / "_config.yml")
+    else:
+        (src / "_config.yml").write_text(yaml.safe_dump(config))
+    (src / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
+    return src
+
+
+def _build(src: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    assert JUPYTER_BOOK.exists(), f"{JUPYTER_BOOK} not found: run `make venv` (installs jupyter-book)"
+    return subprocess.run(
+        [str(JUPYTER_BOOK), "build", str(src), "--path-output", str(src.parent / "out"), *BUILD_FLAGS],
+        capture_output=True, text=True, timeout=timeout, cwd=src,
+    )
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+
+
+@pytest.fixture(scope="module")
+def assets():
+    """The offline assets, fetched by the Makefile from the npm registry (once; then a no-op)."""
+    r = subprocess.run(["make", "-s", "book-assets"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"`make book-assets` failed:\n{r.stdout}\n{r.stderr}"
+    return REPO / "book" / "_static" / "vendor"
+
+
+@pytest.fixture(scope="module")
+def smoke_site(tmp_path_factory, assets):
+    """Build every page of _toc.yml plus an executed smoke notebook; return (html dir, toc)."""
+    tmp = tmp_path_factory.mktemp("book")
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    toc.setdefault("parts", []).append({"caption": "Smoke", "chapters": [{"file": "smoke/smoke"}]})
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    # The only change to the project's configuration: its notebooks are rendered, not executed.
+    config.setdefault("execute", {})["exclude_patterns"] = ["notebooks/*.ipynb", "book/*.ipynb"]
+    src = _source_tree(tmp, toc, config)
+    (src / "smoke").mkdir()
+    nbformat.write(_smoke_notebook(), src / "smoke" / "smoke.ipynb")
+    r = _build(src)
+    log = _strip_ansi(r.stdout + r.stderr)
+    assert r.returncode == 0, f"the book build failed:\n{log[-6000:]}"
+    return src.parent / "out" / "_build" / "html", toc
+
+
+# ---- the site ----------------------------------------------------------------------------------
+def test_no_page_or_stylesheet_loads_from_the_network(smoke_site):
+    html_dir, _ = smoke_site
+    pages = _pages(html_dir)
+    assert len(pages) >= 5
+    external = [(p.relative_to(html_dir), tag, url) for p in pages for tag, url in _parse(p).loads if _external(url)]
+    assert not external, f"pages load from other hosts: {external}"
+    css_external = [
+        (c.relative_to(html_dir), m.group(0))
+        for c in html_dir.rglob("*.css")
+        for m in re.finditer(r"(@import|url\()\s*['\"]?\s*(https?:)?//[^'\")\s;]+", c.read_text(errors="replace"))
+    ]
+    assert not css_external, f"stylesheets load from other hosts: {css_external}"
+
+
+def test_every_toc_page_is_built(smoke_site):
+    html_dir, toc = smoke_site
+    missing = [d for d in _docnames(toc) if not (html_dir / f"{d}.html").is_file()]
+    assert not missing, f"pages in _toc.yml with no HTML: {missing}"
+    assert (html_dir / "index.html").is_file()
+
+
+def test_every_image_script_and_stylesheet_a_page_loads_exists(smoke_site):
+    html_dir, _ = smoke_site
+    missing, n_images = [], 0
+    for page in _pages(html_dir):
+        for tag, url in _parse(page).loads:
+            target = _local_target(page, url)
+            if target is None:
+                continue
+            n_images += tag == "img"
+            if not target.is_file():
+                missing.append((str(page.relative_to(html_dir)), url))
+    assert not missing, f"missing files: {missing}"
+    assert n_images >= 1, "the smoke notebook's figure should be an <img> in the site"
+
+
+def test_math_is_typeset_by_the_local_mathjax(smoke_site):
+    html_dir, _ = smoke_site
+    for page in ("book/notation.html", "smoke/smoke.html"):
+        parsed = _parse(html_dir / page)
+        mathjax = [s["src"] for s in parsed.scripts if "mathjax" in (s.get("src") or "").lower()]
+        assert mathjax, f"{page} has math but no MathJax script"
+        for src in mathjax:
+            target = _local_target(html_dir / page, src)
+            assert target is not None and target.is_file(), f"{page}: MathJax at {src} is not a local file"
+            assert target.name == "tex-chtml.js"
+        # MathJax loads its fonts and TeX extensions relative to its own script.
+        fonts = target.parent / "output" / "chtml" / "fonts" / "woff-v2"
+        assert any(fonts.glob("*.woff")), f"MathJax fonts missing in {fonts}"
+        assert "math notranslate" in (html_dir / page).read_text()
+
+
+def test_widget_state_is_rendered_by_the_local_embed_manager(smoke_site):
+    html_dir, _ = smoke_site
+    page = html_dir / "smoke" / "smoke.html"
+    parsed = _parse(page)
+    assert any(s.get("type") == "application/vnd.jupyter.widget-state+json" for s in parsed.scripts), (
+        "the executed smoke notebook's widget state is not embedded in its page"
+    )
+    managers = [s["src"] for s in parsed.scripts if "html-manager" in (s.get("src") or "")]
+    assert managers, "no ipywidgets embed manager on a page with widgets"
+    for src in managers:
+        target = _local_target(page, src)
+        assert target is not None and target.is_file(), f"embed manager {src} is not a local file"
+    assert "application/vnd.jupyter.widget-view+json" in page.read_text()
+
+
+def test_chapter_pages_have_a_colab_launch_button(smoke_site):
+    html_dir, _ = smoke_site
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    repo_url = config["repository"]["url"].rstrip("/")
+    org_repo = urlsplit(repo_url).path.strip("/")
+    branch = config["repository"]["branch"]
+    links = _parse(html_dir / "smoke" / "smoke.html").links
+    expected = f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/smoke/smoke.ipynb"
+    assert expected in links, f"no Colab link {expected} among {[u for u in links if 'colab' in u]}"
+
+
+# ---- failure modes ------------------------------------------------------------------------------
+def test_a_notebook_that_raises_fails_the_build_naming_notebook_and_cell(tmp_path, assets):
+    toc = {"format": "jb-book", "root": "smoke/index", "chapters": [{"file": "smoke/broken"}]}
+    src = _source_tree(tmp_path, toc)  # the repository's _config.yml, unchanged
+    (src / "smoke").mkdir()
+    (src / "smoke" / "index.md").write_text("# Smoke\n\nA page.\n")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Broken"),
+        nbformat.v4.new_code_cell("claimed = 2"),
+        nbformat.v4.new_markdown_cell("The claim:"),
+        nbformat.v4.new_code_cell("assert claimed == 3, 'the claim no longer holds'"),
+    ]
+    nbformat.write(nb, src / "smoke" / "broken.ipynb")
+    r = _build(src)
+    log = _strip_ansi(r.stdout + r.stderr)
+    assert r.returncode != 0, "a notebook that raises must fail the build"
+    assert "smoke/broken.ipynb: cell 3 (code cell 1, counting from 0) raised AssertionError: the claim no longer holds" in log, log[-4000:]
+    assert "assert claimed == 3" in log  # the traceback shows the cell's code
+
+
+def test_a_missing_offline_asset_stops_the_build_with_the_command_to_run(tmp_path, assets):
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    config["sphinx"]["config"]["mathjax_path"] = "vendor/not-fetched/tex-chtml.js"
+    src = _source_tree(tmp_path, {"format": "jb-book", "root": "book/setup"}, config)
+    r = _build(src, timeout=120)
+    log = _strip_ansi(r.stdout + r.stderr)
+    assert r.returncode != 0
+    assert "MathJax is missing" in log and "Run `make book-assets`" in log and "apt-get install -y npm" in log, log[-3000:]
+
+
+def test_book_assets_without_npm_says_how_to_install_it(tmp_path):
+    r = subprocess.run(
+        ["make", "-s", "book-assets", f"VENDOR={tmp_path / 'vendor'}", "NPM=npm-is-not-installed"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode != 0
+    assert "apt-get install -y npm" in r.stderr
+    assert not (tmp_path / "vendor").exists()
+
+
+def test_the_offline_scanner_flags_external_loads():
+    sys.path.insert(0, str(REPO / "book" / "_ext"))
+    try:
+        from offline_assets import external_loads
+    finally:
+        sys.path.remove(str(REPO / "book" / "_ext"))
+    html = (
+        '<script src="https://cdn.example.org/x.js"></script><script src="_static/local.js"></script>'
+        '<link rel="stylesheet" href="//fonts.example.org/css"><a href="https://example.org">a link</a>'
+        "<style>@import url('https://fonts.example.org/f.css');</style>"
+    )
+    assert external_loads(html) == ["https://cdn.example.org/x.js", "//fonts.example.org/css", "https://fonts.example.org/f.css"]
+    assert external_loads('<link rel="icon" href="_static/favicon.png"><img src="fig.png">') == []
