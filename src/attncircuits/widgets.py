@@ -21,6 +21,7 @@ checkbox. The first option (the range's start) is the first state unless ``initi
 
 from __future__ import annotations
 
+import html
 import os
 from typing import Any, Callable, Mapping
 
@@ -125,7 +126,7 @@ class Explorer:
                 w = W.Dropdown(options=list(spec), value=value, description=name)
             w.observe(lambda change, name=name: self.redraw(**{name: change["new"]}), names="value")
             boxes.append(w)
-        header = [W.HTML(f"<b>{self.title}</b>")] if self.title else []
+        header = [W.HTML(f"<b>{html.escape(self.title)}</b>")] if self.title else []
         return W.VBox(header + [W.HBox(boxes)])
 
     def show(self) -> None:
