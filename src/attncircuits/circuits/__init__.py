@@ -12,3 +12,5 @@ Everything public is re-exported here: ``from attncircuits.circuits import Facto
 """
 
 from .factored import *  # noqa: E402,F401,F403  (the names in factored.__all__)
+from .paths import *  # noqa: E402,F401,F403  (the names in paths.__all__)
+from .skip_trigrams import *  # noqa: E402,F401,F403  (the names in skip_trigrams.__all__)

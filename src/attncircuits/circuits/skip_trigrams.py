@@ -1,0 +1,413 @@
+"""Skip-trigrams, copying heads and the skip-trigram bug, read from the weights (chapter 4).
+
+A one-layer head implements skip-trigrams ``[source] … [destination] → [output]``: the QK circuit
+decides how much the destination token attends to the source token, the OV circuit how much
+attending to the source raises each output logit. The head's effect on an output factors as
+
+    f(source, destination, output) ≈ attention(destination → source) · OV[source, output]
+
+and everything here uses that factorisation, so no table of ``d_vocab³`` triples is ever built.
+
+Scores. Softmaxes ignore shifts, so both circuits are centered first: QK per destination row
+(``QK[d, s] − mean_s' QK[d, s']``) and OV per source row (``OV[s, o] − mean_o' OV[s, o']``). A triple's
+score is the rise of the output's logit that the head predicts when the source sits among
+``n_keys − 1`` average keys before the destination::
+
+    attn(d, s) = exp(QKc[d, s]) / (exp(QKc[d, s]) + n_keys − 1)
+    score(s, d, o) = attn(d, s) · OVc[s, o]
+
+For a fixed source the score is largest for the source's top destinations and top outputs, so the
+global top ``k`` triples lie among ``k`` destinations x ``k`` outputs per source: two top-``k`` passes
+over the factored circuits (a block of rows at a time) find them exactly.
+
+Copying. A head copies when attending to a token raises that same token's logit: its OV circuit
+has mostly positive eigenvalues. The paper summarises this as ``Σλ / Σ|λ|`` ∈ [−1, 1], computed from
+the ``d_head x d_head`` product (see :meth:`FactoredMatrix.eigenvalues`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Complex, Float, Int
+from torch import Tensor
+
+from ..data import token_id, token_str
+from ..model import AttnOnlyTransformer
+from .factored import FactoredMatrix, full_ov_circuit, full_qk_circuit
+
+__all__ = [
+    "CopyingSummary",
+    "SkipTrigramBug",
+    "SkipTrigrams",
+    "copying_summary",
+    "eigen_copying_score",
+    "find_skip_trigram_bugs",
+    "frequent_tokens",
+    "resolve_tokens",
+    "skip_trigram_effects",
+    "top_skip_trigrams",
+]
+
+
+def resolve_tokens(tokenizer, tokens, d_vocab: int) -> Int[Tensor, " n"]:
+    """Token ids from ids or one-token strings (``·``/``⏎``/``⇥`` stand for whitespace).
+
+    Raises one ``ValueError`` that lists every unknown entry and how it splits, so a whole subset
+    can be fixed at once.
+    """
+    ids, bad = [], []
+    for t in tokens:
+        if isinstance(t, str):
+            try:
+                ids.append(token_id(tokenizer, t))
+            except ValueError as err:
+                bad.append(str(err))
+        else:
+            t = int(t)
+            if not 0 <= t < d_vocab:
+                bad.append(f"id {t} is outside the vocabulary [0, {d_vocab})")
+            ids.append(t)
+    if bad:
+        raise ValueError(
+            f"{len(bad)} of the {len(tokens)} tokens are not in the vocabulary: " + "; ".join(bad)
+            + ". Use one-token strings (check with tokenizer.encode) or ids"
+        )
+    if not ids:
+        raise ValueError("the token subset is empty; pass at least one token")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def frequent_tokens(tokenizer, n: int, words_only: bool = True, min_chars: int = 2) -> Int[Tensor, " n"]:
+    """The ``n`` most frequent tokens of the training text, for readable heatmaps and tables.
+
+    With ``words_only``, only tokens that are a word (letters, optionally after one leading space)
+    of at least ``min_chars`` letters, e.g. ``·self`` or ``return``. Counts come from the shipped
+    training-split bigram counts.
+    """
+    from ..pretrained import load_train_bigram_counts
+
+    prev, _, count = load_train_bigram_counts()
+    V = tokenizer.get_vocab_size()
+    freq = torch.zeros(V, dtype=torch.long).index_add_(0, prev, count)
+    picked = []
+    for t in freq.argsort(descending=True).tolist():
+        word = tokenizer.decode([t])
+        word = word[1:] if word.startswith(" ") else word
+        if not words_only or (word.isascii() and word.isalpha() and len(word) >= min_chars):
+            picked.append(t)
+        if len(picked) == n:
+            break
+    return torch.tensor(picked, dtype=torch.long)
+
+
+def _centered_circuits(model, layer, heads, tokens):
+    qk = full_qk_circuit(model, layer).centered(-1)  # centered over all keys, then restricted
+    ov = full_ov_circuit(model, layer).centered(-1)
+    if heads is not None:
+        for h in heads:
+            model.check_head(layer, h)
+        qk, ov = qk[list(heads)], ov[list(heads)]
+    if tokens is not None:
+        qk, ov = qk.restrict(tokens, tokens), ov.restrict(tokens, tokens)
+    return qk, ov
+
+
+# ------------------------------------------------------------------------------------------------
+# Skip-trigram tables
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class SkipTrigrams:
+    """The top ``k`` skip-trigrams of each head, best first: all fields ``[n_heads, k]``."""
+
+    layer: int
+    heads: list[int]
+    source: Int[Tensor, "head k"]
+    dest: Int[Tensor, "head k"]
+    out: Int[Tensor, "head k"]
+    score: Float[Tensor, "head k"]  # predicted rise of the output logit, attn · OVc
+    attn: Float[Tensor, "head k"]  # attention the destination gives the source among n_keys keys
+    qk: Float[Tensor, "head k"]  # centered QK score
+    ov: Float[Tensor, "head k"]  # centered OV logit effect
+
+    def triples(self, head: int) -> Int[Tensor, "k 3"]:
+        i = self._index(head)
+        return torch.stack([self.source[i], self.dest[i], self.out[i]], -1)
+
+    def _index(self, head: int) -> int:
+        if head not in self.heads:
+            raise IndexError(f"head {head} is not in this table; it has heads {self.heads}")
+        return self.heads.index(head)
+
+    def rows(self, tokenizer, head: int, n: int | None = None) -> list[tuple[str, str, str, float, float, float]]:
+        """``(source, destination, output, attn, OV, score)`` rows with readable tokens."""
+        i = self._index(head)
+        n = self.source.shape[1] if n is None else n
+        return [
+            (
+                token_str(tokenizer, int(self.source[i, j])),
+                token_str(tokenizer, int(self.dest[i, j])),
+                token_str(tokenizer, int(self.out[i, j])),
+                float(self.attn[i, j]),
+                float(self.ov[i, j]),
+                float(self.score[i, j]),
+            )
+            for j in range(n)
+        ]
+
+    def format(self, tokenizer, head: int, n: int | None = None) -> str:
+        """A plain-text table: ``source … destination → output`` with its scores."""
+        lines = [f"head {self.layer}.{head}: source … destination → output   attn   OV    score"]
+        for s, d, o, a, ov, sc in self.rows(tokenizer, head, n):
+            lines.append(f"  {s!r:>14} … {d!r:<12} → {o!r:<14} {a:5.2f} {ov:5.2f} {sc:6.2f}")
+        return "\n".join(lines)
+
+
+@torch.no_grad()
+def top_skip_trigrams(
+    model: AttnOnlyTransformer,
+    layer: int,
+    k: int = 10,
+    heads: list[int] | None = None,
+    tokens: Int[Tensor, " n"] | None = None,
+    n_keys: int | None = None,
+) -> SkipTrigrams:
+    """The ``k`` strongest skip-trigrams of each head, from the weights alone (see the module docstring).
+
+    ``tokens`` restricts sources, destinations and outputs to a subset of the vocabulary (ids);
+    ``n_keys`` is the size of the imagined context (default ``n_ctx // 2``, the average number of keys
+    a query sees). Cost: two top-``k`` passes over each ``d_vocab x d_vocab`` circuit, a block of rows at
+    a time, and ``d_vocab · k²`` candidates per head; no dense circuit is kept.
+    """
+    if model.cfg.n_layers == 0:
+        raise ValueError("this model has no attention layers (n_layers=0), so it has no skip-trigrams")
+    model.check_head(layer, 0)
+    n_keys = n_keys or max(2, model.cfg.n_ctx // 2)
+    qk, ov = _centered_circuits(model, layer, heads, tokens)
+    heads = list(range(model.cfg.n_heads)) if heads is None else list(heads)
+    V_src = qk.rdim
+    k = min(k, V_src, ov.rdim)
+    qk_v, dest = qk.topk_per_col(k)  # [H, k, V_src]: each source's best destinations
+    ov_v, out = ov.topk_per_row(k)  # [H, V_src, k]: each source's best outputs
+    attn = qk_v.exp() / (qk_v.exp() + n_keys - 1)
+    cand = attn.transpose(-2, -1)[..., :, None] * ov_v[..., None, :]  # [H, V_src, k_dest, k_out]
+    score, flat = cand.flatten(-3).topk(k, dim=-1)
+    s, rem = flat // (k * k), flat % (k * k)
+    i_d, i_o = rem // k, rem % k
+    H = torch.arange(len(heads))[:, None]
+    d = dest[H, i_d, s]
+    o = out[H, s, i_o]
+    qk_sel, ov_sel, attn_sel = qk_v[H, i_d, s], ov_v[H, s, i_o], attn[H, i_d, s]
+    if tokens is not None:  # back to vocabulary ids
+        tokens = torch.as_tensor(tokens)
+        s, d, o = tokens[s], tokens[d], tokens[o]
+    return SkipTrigrams(layer, heads, s, d, o, score, attn_sel, qk_sel, ov_sel)
+
+
+# ------------------------------------------------------------------------------------------------
+# Checking triples against behaviour
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def skip_trigram_effects(
+    model: AttnOnlyTransformer,
+    triples: Int[Tensor, "n 3"],
+    contexts: Int[Tensor, "c pos"],
+    seed: int = 0,
+) -> Float[Tensor, "n c"]:
+    """How much putting the source before the destination raises the output's log-probability.
+
+    For each ``(source, destination, output)`` and each context window of real text: the last token
+    is set to the destination, one earlier position (random, fixed by ``seed``) to the source, and the
+    model's ``log p(output)`` at the last position is compared with the same text where that position
+    keeps its original token. Returns the rise in nats, ``[n_triples, n_contexts]``.
+    """
+    triples = torch.as_tensor(triples).long()
+    contexts = model.check_tokens(contexts)
+    if triples.ndim != 2 or triples.shape[1] != 3:
+        raise ValueError(f"triples must be [n, 3] (source, destination, output), got {tuple(triples.shape)}")
+    model.check_tokens(triples.flatten())
+    n, (c, L) = len(triples), contexts.shape
+    if L < 3:
+        raise ValueError(f"context windows need at least 3 tokens, got {L}")
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(1, L - 1, (c,), generator=g)  # never the first token, never the destination
+    clean = contexts[None].repeat(n, 1, 1)  # [n, c, L]
+    clean[:, :, -1] = triples[:, 1:2]
+    with_src = clean.clone()
+    with_src[:, torch.arange(c), pos] = triples[:, 0:1].expand(n, c)
+    out = triples[:, 2, None, None].expand(n, c, 1)
+
+    def logp(batch):
+        lp = model(batch.flatten(0, 1))[:, -1].log_softmax(-1).view(n, c, -1)
+        return lp.gather(-1, out)[..., 0]
+
+    return logp(with_src) - logp(clean)
+
+
+# ------------------------------------------------------------------------------------------------
+# Copying
+# ------------------------------------------------------------------------------------------------
+def eigen_copying_score(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """The paper's summary ``Σλ / Σ|λ|`` ∈ [−1, 1]: +1 when all eigenvalues are positive reals (copying),
+    −1 when all are negative (anti-copying), near 0 when they spread around the circle."""
+    return eigenvalues.sum(-1).real / eigenvalues.abs().sum(-1)
+
+
+@dataclass
+class CopyingSummary:
+    """Per head of one layer: the eigenvalue summary and the two alternatives the paper mentions."""
+
+    layer: int
+    eigenvalues: Complex[Tensor, "head d_head"]
+    eigen_score: Float[Tensor, " head"]  # Σλ / Σ|λ|
+    shuffled_max: Float[Tensor, " head"]  # max |Σλ/Σ|λ|| with the output tokens shuffled (no copying possible)
+    diagonal_z: Float[Tensor, " head"]  # mean over tokens of (OV[t, t] − row mean) / row std
+    self_topk: Float[Tensor, " head"]  # fraction of tokens whose own logit is in their row's top k
+    k: int
+
+    @property
+    def copying(self) -> Int[Tensor, " head"]:
+        """Heads that copy significantly: a positive summary beyond every shuffled one."""
+        return (self.eigen_score > self.shuffled_max).long()
+
+    @property
+    def n_copying(self) -> int:
+        return int(self.copying.sum())
+
+
+@torch.no_grad()
+def copying_summary(
+    model: AttnOnlyTransformer,
+    layer: int,
+    k: int = 10,
+    tokens: Int[Tensor, " n"] | None = None,
+    n_shuffles: int = 20,
+    seed: int = 0,
+) -> CopyingSummary:
+    """Eigenvalue copying scores of every head of ``layer``, with a shuffled baseline and the two
+    alternatives: the diagonal of the OV circuit and top-``k`` self-prediction.
+
+    Significance: shuffling the columns of ``W_U`` keeps every norm and the eigenvalues' spread but
+    makes "output the same token" meaningless, so a head copies if its summary beats the largest
+    ``|Σλ/Σ|λ||`` over ``n_shuffles`` shuffles. Everything goes through the factors: eigenvalues from the
+    ``d_head x d_head`` product, the diagonal and row statistics from ``A``, ``B`` and ``B Bᵀ``, the top-``k``
+    a block of rows at a time.
+    """
+    if model.cfg.n_layers == 0:
+        raise ValueError("this model has no attention layers (n_layers=0), so it has no OV circuits")
+    model.check_head(layer, 0)
+    ov = full_ov_circuit(model, layer)
+    if tokens is not None:
+        tokens = torch.as_tensor(tokens).long()
+        ov = ov.restrict(tokens, tokens)
+    eig = ov.eigenvalues()
+    score = eigen_copying_score(eig)
+    g = torch.Generator().manual_seed(seed)
+    shuffled = []
+    for _ in range(n_shuffles):
+        perm = torch.randperm(ov.rdim, generator=g)
+        shuffled.append(eigen_copying_score(FactoredMatrix(ov.A, ov.B[..., perm]).eigenvalues()).abs())
+    shuffled_max = torch.stack(shuffled).max(0).values if shuffled else torch.zeros_like(score)
+    # diagonal z-score: row mean and mean square through the factors
+    n = ov.rdim
+    row_mean = ov.A @ ov.B.mean(-1, keepdim=True)  # [H, V, 1]
+    row_sq = ((ov.A @ (ov.B @ ov.B.transpose(-2, -1))) * ov.A).sum(-1, keepdim=True) / n
+    row_std = (row_sq - row_mean**2).clamp_min(1e-12).sqrt()
+    diag_z = ((ov.diag()[..., None] - row_mean) / row_std)[..., 0].mean(-1)
+    _, top = ov.topk_per_row(k)
+    self_topk = (top == torch.arange(ov.ldim)[:, None]).any(-1).float().mean(-1)
+    return CopyingSummary(layer, eig, score, shuffled_max, diag_z, self_topk, k)
+
+
+# ------------------------------------------------------------------------------------------------
+# The skip-trigram bug
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class SkipTrigramBug:
+    """Same source, two destinations, two outputs: the head learned ``s … d1 → o1`` and
+    ``s … d2 → o2`` (both bigrams ``d1 o1`` and ``d2 o2`` occur in the training text), and since its
+    effect factors as attn(d, s) · OV(s, o) it also predicts ``s … d1 → o2``, a bigram that never occurs."""
+
+    layer: int
+    head: int
+    source: int
+    dest1: int
+    out1: int
+    dest2: int
+    out2: int
+    predicted: float  # predicted rise of the unwanted output's logit, attn(d1, s) · OVc(s, o2)
+    count11: int  # training count of the bigram d1 o1
+    count22: int  # training count of d2 o2
+
+    def describe(self, tokenizer) -> str:
+        t = lambda i: repr(token_str(tokenizer, i))  # noqa: E731
+        s, d1, o1, d2, o2 = (t(i) for i in (self.source, self.dest1, self.out1, self.dest2, self.out2))
+        return (
+            f"head {self.layer}.{self.head}: {s} … {d1} → {o1} (bigram seen {self.count11}x) and "
+            f"{s} … {d2} → {o2} ({self.count22}x) also give {s} … {d1} → {o2} (never seen), "
+            f"predicted +{self.predicted:.2f}"
+        )
+
+    @property
+    def triples(self) -> Int[Tensor, "3 3"]:
+        """The two learned triples and the unwanted one, as ``[source, destination, output]`` rows."""
+        s = self.source
+        return torch.tensor([[s, self.dest1, self.out1], [s, self.dest2, self.out2], [s, self.dest1, self.out2]])
+
+
+@torch.no_grad()
+def find_skip_trigram_bugs(
+    model: AttnOnlyTransformer,
+    layer: int,
+    bigram_counts: Int[Tensor, "d_vocab d_vocab"],
+    k: int = 8,
+    min_count: int = 5,
+    n: int = 10,
+    tokens: Int[Tensor, " m"] | None = None,
+    n_keys: int | None = None,
+) -> list[SkipTrigramBug]:
+    """Find skip-trigram bugs automatically, strongest predicted unwanted rise first.
+
+    For every head and every source ``s``: take its ``k`` best destinations (by attention) and ``k`` best
+    outputs (by OV), and look for ``d1, d2, o1, o2`` among them with the bigrams ``d1 o1`` and ``d2 o2``
+    seen at least ``min_count`` times in training but ``d1 o2`` and ``d2 o1`` never. Then
+    ``s … d1 → o2`` is raised only because ``d1`` attends to ``s`` and ``s`` raises ``o2``: the bug.
+    ``bigram_counts`` is a dense ``[d_vocab, d_vocab]`` count table (``C[a, b]`` = times ``b`` follows ``a``).
+    """
+    V = model.cfg.d_vocab
+    if tuple(bigram_counts.shape) != (V, V):
+        raise ValueError(f"bigram_counts must be a dense [{V}, {V}] table, got {tuple(bigram_counts.shape)}")
+    model.check_head(layer, 0)
+    n_keys = n_keys or max(2, model.cfg.n_ctx // 2)
+    qk, ov = _centered_circuits(model, layer, None, tokens)
+    ids = torch.arange(V) if tokens is None else torch.as_tensor(tokens).long()
+    qk_v, dest = qk.topk_per_col(k)  # [H, k, S]
+    ov_v, out = ov.topk_per_row(k)  # [H, S, k]
+    dest, out = ids[dest].transpose(-2, -1), ids[out]  # [H, S, k] each, vocabulary ids
+    attn = (qk_v.exp() / (qk_v.exp() + n_keys - 1)).transpose(-2, -1)  # [H, S, k]
+    counts = bigram_counts.long()
+    found = []
+    for h in range(model.cfg.n_heads):
+        C = counts[dest[h][:, :, None], out[h][:, None, :]]  # [S, k_dest, k_out]
+        seen, never = C >= min_count, C == 0
+        # bug[s, i, j, a, b]: bigrams d_i o_j and d_a o_b seen, d_i o_b and d_a o_j never
+        bug = seen[:, :, :, None, None] & seen[:, None, None, :, :]
+        bug &= never[:, :, None, None, :] & never.transpose(-2, -1)[:, None, :, :, None]
+        s, i, j, a, b = bug.nonzero().unbind(-1)
+        pred = attn[h, s, i] * ov_v[h, s, b]  # the unwanted rise of o_b after s … d_i
+        # keep the best supporting pair per unwanted (source, destination, output), best n of those
+        order = pred.argsort(descending=True)
+        key = ((s * k + i) * k + b)[order]
+        _, inv = torch.unique(key, return_inverse=True)
+        first = torch.full((int(inv.max()) + 1 if len(inv) else 0,), len(inv), dtype=torch.long)
+        first = first.scatter_reduce(0, inv, torch.arange(len(inv)), reduce="amin")
+        for r in order[first.sort().values[:n]].tolist():
+            s_, i_, j_, a_, b_ = int(s[r]), int(i[r]), int(j[r]), int(a[r]), int(b[r])
+            d1, o1, d2, o2 = int(dest[h, s_, i_]), int(out[h, s_, j_]), int(dest[h, s_, a_]), int(out[h, s_, b_])
+            found.append(
+                SkipTrigramBug(layer, h, int(ids[s_]), d1, o1, d2, o2, float(pred[r]), int(counts[d1, o1]), int(counts[d2, o2]))
+            )
+    found.sort(key=lambda bug: -bug.predicted)
+    return found[:n]

@@ -1,0 +1,174 @@
+"""Skip-trigram tables, copying scores and the bug finder against brute force and planted heads."""
+
+import pytest
+import torch
+
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.circuits.factored import full_ov_circuit, full_qk_circuit
+from attncircuits.circuits.skip_trigrams import (
+    copying_summary,
+    eigen_copying_score,
+    find_skip_trigram_bugs,
+    resolve_tokens,
+    skip_trigram_effects,
+    top_skip_trigrams,
+)
+
+V = 20
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return AttnOnlyTransformer(AttnOnlyConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+
+
+def brute_force_scores(model, layer, n_keys):
+    """score[h, s, d, o] over every triple, from the dense circuits."""
+    qk = full_qk_circuit(model, layer).dense()
+    ov = full_ov_circuit(model, layer).dense()
+    qk = qk - qk.mean(-1, keepdim=True)
+    ov = ov - ov.mean(-1, keepdim=True)
+    attn = qk.exp() / (qk.exp() + n_keys - 1)  # [h, d, s]
+    return attn.transpose(-2, -1)[..., :, :, None] * ov[..., :, None, :]  # [h, s, d, o]
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_top_skip_trigrams_match_brute_force(model, layer):
+    st = top_skip_trigrams(model, layer, k=7)
+    full = brute_force_scores(model, layer, n_keys=8)
+    ref = full.flatten(1).topk(7, dim=-1).values
+    torch.testing.assert_close(st.score, ref, rtol=1e-4, atol=1e-5)
+    for h in range(4):
+        s, d, o = st.triples(h).T
+        torch.testing.assert_close(full[h, s, d, o], st.score[h], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(st.score, st.attn * st.ov)
+
+
+def test_top_skip_trigrams_on_a_subset(model):
+    sub = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23, 29, 31])
+    st = top_skip_trigrams(model, 0, k=5, heads=[1, 3], tokens=sub, n_keys=4)
+    full = brute_force_scores(model, 0, n_keys=4)[[1, 3]][:, sub][:, :, sub][:, :, :, sub]
+    torch.testing.assert_close(st.score, full.flatten(1).topk(5, dim=-1).values, rtol=1e-4, atol=1e-5)
+    assert set(st.source.flatten().tolist()) <= set(sub.tolist())
+    assert set(st.out.flatten().tolist()) <= set(sub.tolist())
+    with pytest.raises(IndexError, match=r"has heads \[1, 3\]"):
+        st.triples(0)
+
+
+def planted(copy_sign=1.0):
+    """A 1-layer model whose head 0 plants two skip-trigrams on source 1:
+    destinations 2 and 3 attend to 1; attending to 1 raises outputs 4 and 5 (and 1 itself)."""
+    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=2, d_head=V, d_vocab=V, n_ctx=16)
+    m = AttnOnlyTransformer(cfg)
+    with torch.no_grad():
+        m.W_E.copy_(10 * torch.eye(32)[:V])
+        m.W_U.copy_(torch.eye(32)[:, :V] / 10)
+        b = m.blocks[0]
+        for w in (b.W_Q, b.W_K, b.W_V, b.W_O):
+            w.zero_()
+        b.W_Q[0, 2, 0] = b.W_Q[0, 3, 0] = 1.0  # destinations 2, 3 ...
+        b.W_K[0, 1, 0] = 1.0  # ... look for source 1
+        b.W_V[0, 1, 0] = 1.0
+        b.W_O[0, 0, 4] = b.W_O[0, 0, 5] = 5.0  # source 1 raises outputs 4 and 5
+        b.W_O[0, 0, 1] = 2.0 * copy_sign
+        # head 1: a pure copying head (OV = identity on tokens) with uniform attention
+        b.W_V[1] = torch.eye(32)[:, :V] / 10
+        b.W_O[1] = torch.eye(32)[:V] * 10 * copy_sign
+    return m
+
+
+def test_planted_skip_trigrams_found_and_used():
+    m = planted()
+    st = top_skip_trigrams(m, 0, k=4, heads=[0])
+    top = {tuple(t) for t in st.triples(0).tolist()}
+    assert top == {(1, 2, 4), (1, 2, 5), (1, 3, 4), (1, 3, 5)}
+    contexts = torch.randint(6, V, (6, 10), generator=torch.Generator().manual_seed(0))
+    eff = skip_trigram_effects(m, torch.tensor([[1, 2, 4], [1, 3, 5], [6, 2, 4], [1, 7, 4]]), contexts)
+    assert eff.shape == (4, 6)
+    assert (eff[:2] > 2).all()  # the planted triples raise their output
+    assert eff[2].abs().max() < 0.5 and eff[3].abs().max() < 0.5  # wrong source / wrong destination do not
+
+
+def test_bug_finder_on_planted_head():
+    m = planted()
+    counts = torch.zeros(V, V, dtype=torch.long)
+    counts[2, 4] = 50  # "keep … in → mind": the bigram "in mind" occurs
+    counts[3, 5] = 30  # "keep … at → bay": "at bay" occurs; "in bay" and "at mind" never
+    bugs = find_skip_trigram_bugs(m, 0, counts, k=4, min_count=5)
+    unwanted = {(b.head, b.source, b.dest1, b.out2) for b in bugs}
+    assert unwanted == {(0, 1, 2, 5), (0, 1, 3, 4)}
+    bug = next(b for b in bugs if b.dest1 == 2)
+    assert (bug.out1, bug.dest2, bug.count11, bug.count22) == (4, 3, 50, 30) and bug.predicted > 0.5
+    contexts = torch.randint(6, V, (6, 10), generator=torch.Generator().manual_seed(0))
+    eff = skip_trigram_effects(m, bug.triples, contexts).mean(1)
+    assert eff[2] > 2  # the unwanted output really rises in the model's logits
+    counts[2, 5] = 1  # once "in bay" occurs, it is no longer a bug
+    assert (0, 1, 2, 5) not in {(b.head, b.source, b.dest1, b.out2) for b in find_skip_trigram_bugs(m, 0, counts, k=4)}
+
+
+def test_copying_summary_on_copying_and_anticopying_heads():
+    cs = copying_summary(planted(1.0), 0, k=3, n_shuffles=10)
+    assert cs.eigen_score[1] > 0.99 and cs.self_topk[1] == 1.0 and cs.diagonal_z[1] > 3
+    assert cs.copying.tolist()[1] == 1
+    anti = copying_summary(planted(-1.0), 0, k=3, n_shuffles=10)
+    assert anti.eigen_score[1] < -0.99 and anti.self_topk[1] == 0.0 and anti.diagonal_z[1] < -3
+    assert anti.copying.tolist()[1] == 0
+
+
+def test_copying_summary_matches_dense(model):
+    cs = copying_summary(model, 1, k=5, n_shuffles=5)
+    ov = full_ov_circuit(model, 1).dense()
+    dense_eig = torch.linalg.eigvals(ov.double())
+    torch.testing.assert_close(cs.eigen_score, eigen_copying_score(dense_eig).float(), rtol=1e-3, atol=1e-3)
+    z = (ov.diagonal(dim1=-2, dim2=-1) - ov.mean(-1)) / ov.std(-1, unbiased=False)
+    torch.testing.assert_close(cs.diagonal_z, z.mean(-1), rtol=1e-3, atol=1e-3)
+    self_top = (ov.topk(5, dim=-1).indices == torch.arange(50)[:, None]).any(-1).float().mean(-1)
+    torch.testing.assert_close(cs.self_topk, self_top)
+    assert (cs.shuffled_max >= 0).all() and cs.eigenvalues.shape == (4, 8)
+
+
+def test_eigen_copying_score_range():
+    lam = torch.tensor([[1 + 0j, 2 + 0j], [-1 + 0j, -3 + 0j], [1j, -1j]])
+    torch.testing.assert_close(eigen_copying_score(lam), torch.tensor([1.0, -1.0, 0.0]))
+
+
+class FakeTokenizer:
+    vocab = {"a": 1, "b": 2, " c": 3}
+
+    def encode(self, text):
+        class E:
+            ids = [self.vocab[text]] if text in self.vocab else [self.vocab.get(ch, 9) for ch in text]
+
+        return E()
+
+    def decode(self, ids, skip_special_tokens=False):
+        inv = {v: k for k, v in self.vocab.items()}
+        return "".join(inv.get(i, "?") for i in ids)
+
+
+def test_bad_inputs(model):
+    with pytest.raises(IndexError, match=r"valid layers: 0\.\.1"):
+        top_skip_trigrams(model, 2)
+    with pytest.raises(IndexError, match=r"valid heads: 0\.\.3"):
+        top_skip_trigrams(model, 0, heads=[4])
+    with pytest.raises(IndexError, match="valid layers"):
+        copying_summary(model, -1)
+    with pytest.raises(ValueError, match=r"dense \[50, 50\] table"):
+        find_skip_trigram_bugs(model, 0, torch.zeros(10, 10))
+    with pytest.raises(ValueError, match=r"triples must be \[n, 3\]"):
+        skip_trigram_effects(model, torch.tensor([[1, 2]]), torch.zeros(2, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        skip_trigram_effects(model, torch.tensor([[1, 2, 99]]), torch.zeros(2, 8, dtype=torch.long))
+    zero = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=8, n_heads=2, d_head=4, d_vocab=10, n_ctx=4))
+    with pytest.raises(ValueError, match="no attention layers"):
+        top_skip_trigrams(zero, 0)
+
+
+def test_resolve_tokens_lists_every_unknown():
+    tok = FakeTokenizer()
+    assert resolve_tokens(tok, ["a", "·c", 2], 50).tolist() == [1, 3, 2]
+    with pytest.raises(ValueError, match=r"2 of the 4 tokens.*'xy'.*id 77"):
+        resolve_tokens(tok, ["a", "xy", 77, "b"], 50)
+    with pytest.raises(ValueError, match="empty"):
+        resolve_tokens(tok, [], 50)
