@@ -143,6 +143,12 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
 
 
+def _problems(log: str) -> str:
+    """The build's warnings and errors first, then the end of its log."""
+    lines = [ln for ln in log.splitlines() if re.search(r"WARNING|ERROR|Error", ln) and "IPKernelApp" not in ln]
+    return "\n".join(lines) + "\n--- end of the log ---\n" + log[-3000:]
+
+
 @pytest.fixture(scope="module")
 def assets():
     """The offline assets, fetched by the Makefile from the npm registry (once; then a no-op)."""
@@ -165,7 +171,7 @@ def smoke_site(tmp_path_factory, assets):
     nbformat.write(_smoke_notebook(), src / "smoke" / "smoke.ipynb")
     r = _build(src)
     log = _strip_ansi(r.stdout + r.stderr)
-    assert r.returncode == 0, f"the book build failed:\n{log[-6000:]}"
+    assert r.returncode == 0, f"the book build failed:\n{_problems(log)}"
     return src.parent / "out" / "_build" / "html", toc
 
 
