@@ -299,3 +299,69 @@ def test_icl_positions_past_the_context(tiny_model):
     # scaled positions stay inside the context: 500/512 of 16 rounds to 16, which is clipped to 15
     assert icl_positions(16) == (15, 2)
     in_context_learning_score(tiny_model, toks)  # so the defaults always fit a full-length window
+
+
+# ----------------------------------------------------------------------------------------------
+# The weight-based view (circuits.induction): K-composition term and eigenvalue positivity
+# ----------------------------------------------------------------------------------------------
+def test_hand_built_induction_head_sits_in_the_corner(induction_model):
+    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_qk_circuit
+
+    eig = induction_eigen_positivity(induction_model)
+    assert eig.qk[0] > 0.99 and eig.ov[0] > 0.99  # identity-like K-composition term and OV circuit
+    assert eig.corner() == [0]
+    # the term is diagonal: query token a matches "previous token" b exactly when a == b
+    k = k_composition_qk_circuit(induction_model, head=0).dense()
+    torch.testing.assert_close(k, torch.eye(V) * EMBED**2 / math.sqrt(V))
+    # without the previous-token head as writer, nothing is left to compose with
+    assert k_composition_qk_circuit(induction_model, head=0, writers=[1]).dense().abs().max() == 0
+
+
+def test_k_composition_term_matches_the_dense_product(tiny_model):
+    from attncircuits.circuits.induction import k_composition_qk_circuit, writer_ov
+
+    m = tiny_model
+    b0, b1 = m.blocks
+    ov0 = sum(b0.W_V[p] @ b0.W_O[p] for p in range(4))
+    dense = (m.W_E @ b1.W_Q[2]) @ (m.W_E @ ov0 @ b1.W_K[2]).T / math.sqrt(8)
+    fm = k_composition_qk_circuit(m, head=2)
+    torch.testing.assert_close(fm.dense(), dense.detach(), atol=1e-4, rtol=1e-4)
+    # eigenvalues through the d_head x d_head product equal the dense ones (plus zeros)
+    dense_eig = torch.linalg.eigvals(dense.detach().double())
+    small = fm.eigenvalues().to(torch.complex128)
+    assert torch.allclose(dense_eig.abs().sort().values[-8:], small.abs().sort().values, atol=1e-3)
+    torch.testing.assert_close(writer_ov(m, [1]), (b0.W_V[1] @ b0.W_O[1]).detach())
+
+
+def test_k_composition_bad_input(tiny_model):
+    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_qk_circuit
+
+    one = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    with pytest.raises(ValueError, match="load a two-layer model"):
+        induction_eigen_positivity(one)
+    with pytest.raises(IndexError, match="valid heads"):
+        k_composition_qk_circuit(tiny_model, head=0, writers=[7])
+    with pytest.raises(IndexError, match="no earlier layer"):
+        k_composition_qk_circuit(tiny_model, layer=0)
+
+
+def test_ablation_effects_of_chosen_heads_only(induction_model):
+    toks = permuted_repeats(batch=2)
+    eff = ablation_effects(induction_model, toks, "zero", targets=slice(32, None), heads=[(0, 0), (0, 1)])
+    assert eff[0, 0] > 3 and eff[0, 1].abs() < 1e-3 and torch.isnan(eff[1]).all()
+    with pytest.raises(IndexError, match="valid layers"):
+        ablation_effects(induction_model, toks, heads=[(5, 0)])
+
+
+def test_per_position_loss_in_chunks_and_icl_from_it(tiny_model):
+    toks = torch.randint(0, 50, (10, 16), generator=torch.Generator().manual_seed(3))
+    ref = loss_fn(tiny_model(toks), toks, per_token=True).mean(0).detach()
+    loss = per_position_loss(tiny_model, toks, chunk=3)
+    torch.testing.assert_close(loss, ref)
+    from attncircuits.scores import icl_score_from_loss
+
+    late, early = icl_positions(16)
+    assert icl_score_from_loss(loss, 16) == pytest.approx((ref[late - 1] - ref[early - 1]).item(), abs=1e-5)
+    assert in_context_learning_score(tiny_model, toks) == pytest.approx(icl_score_from_loss(loss, 16), abs=1e-5)
+    with pytest.raises(ValueError, match="past the context length"):
+        icl_score_from_loss(loss, 16, late=16)

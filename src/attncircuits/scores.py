@@ -73,10 +73,10 @@ def as_heads(model: AttnOnlyTransformer, heads: Head | Iterable[Head]) -> list[H
     return out
 
 
-def _patterns(model: AttnOnlyTransformer, tokens) -> Float[Tensor, "layer batch head q k"]:
+def _patterns(model: AttnOnlyTransformer, tokens, **forward_kwargs) -> Float[Tensor, "layer batch head q k"]:
     if model.cfg.n_layers == 0:
         raise ValueError("a model with no layers has no attention heads to score")
-    _, cache = model.run_with_cache(tokens)
+    _, cache = model.run_with_cache(tokens, **forward_kwargs)
     return torch.stack(cache.pattern)
 
 
@@ -127,18 +127,21 @@ def prefix_matching_scores(
     batch_size: int = 16,
     seed: int = 0,
     tokens: Int[Tensor, "batch pos"] | None = None,
+    **forward_kwargs,
 ) -> Float[Tensor, "layer head"]:
     """Olsson et al.'s prefix-matching score: on random tokens repeated ``n_repeats`` times, the
     attention a query in a later copy pays to the tokens right after earlier occurrences of its
     own token. 1 for a perfect induction head, about ``1/position`` for uniform attention.
 
-    ``tokens`` replaces the random batch (it must be ``[EOT]`` + ``n_repeats`` copies of ``seq_len``).
+    ``tokens`` replaces the random batch (it must be ``[EOT]`` + ``n_repeats`` copies of ``seq_len``);
+    ``forward_kwargs`` go to the model, e.g. ``**zero_ablation(model, (0, 3))`` to score the heads
+    with another head removed.
     """
     if tokens is None:
         check_repeat_fits(model, seq_len, n_repeats)
         tokens = repeated_random_tokens(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed, n_ctx=model.cfg.n_ctx)
     tokens = model.check_tokens(tokens)
-    pat = _patterns(model, tokens)  # [layer, batch, head, q, k]
+    pat = _patterns(model, tokens, **forward_kwargs)  # [layer, batch, head, q, k]
     target = prefix_match_targets(tokens)  # [batch, q, k]
     later = torch.zeros(tokens.shape[1], dtype=torch.bool, device=tokens.device)
     later[1 + seq_len :] = True  # queries in copies 2, 3, ...
@@ -280,11 +283,17 @@ class RepeatedLossCurve:
 
 
 @torch.no_grad()
-def per_position_loss(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], **forward_kwargs) -> Float[Tensor, "target"]:
+def per_position_loss(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 64, **forward_kwargs
+) -> Float[Tensor, "target"]:
     """Mean next-token loss at each position over the batch; entry ``t`` predicts token ``t + 1``.
-    ``forward_kwargs`` (``ablate=``, ``patterns=``) go to the model."""
+    Rows run ``chunk`` at a time (the logits of 64 x 128 tokens are 64 MB); ``forward_kwargs``
+    (``ablate=``, ``patterns=``) go to the model and must not depend on the batch."""
     tokens = model.check_tokens(tokens)
-    return loss_fn(model(tokens, **forward_kwargs), tokens, per_token=True).mean(0).cpu()
+    total = torch.zeros(tokens.shape[1] - 1)
+    for rows in tokens.split(chunk):
+        total += loss_fn(model(rows, **forward_kwargs), rows, per_token=True).sum(0).cpu()
+    return total / tokens.shape[0]
 
 
 @torch.no_grad()
@@ -328,18 +337,28 @@ def in_context_learning_score(
     scaled to this model's context (``icl_positions``: 125 and 12 for n_ctx=128). Losses are means
     over ``tokens``' rows at those target positions.
     """
-    n = tokens.shape[-1]
-    d_late, d_early = icl_positions(model.cfg.n_ctx)
+    _icl_check(model.cfg.n_ctx, tokens.shape[-1], late, early)
+    return icl_score_from_loss(per_position_loss(model, tokens), model.cfg.n_ctx, late, early)
+
+
+def _icl_check(n_ctx: int, n: int, late: int | None, early: int | None) -> tuple[int, int]:
+    d_late, d_early = icl_positions(n_ctx)
     late, early = late if late is not None else d_late, early if early is not None else d_early
     for name, p in (("late", late), ("early", early)):
-        if p >= model.cfg.n_ctx:
-            raise ValueError(
-                f"ICL position {name}={p} is past the context length n_ctx={model.cfg.n_ctx}; use 1 <= {name} < {model.cfg.n_ctx}"
-            )
+        if p >= n_ctx:
+            raise ValueError(f"ICL position {name}={p} is past the context length n_ctx={n_ctx}; use 1 <= {name} < {n_ctx}")
         if not 1 <= p < n:
-            raise ValueError(f"ICL position {name}={p} is outside the sequence: use 1 <= position < {n} (n_ctx={model.cfg.n_ctx})")
-    nll = loss_fn(model(tokens), tokens, per_token=True)  # nll[:, t] is the loss of target t+1
-    return (nll[:, late - 1].mean() - nll[:, early - 1].mean()).item()
+            raise ValueError(f"ICL position {name}={p} is outside the sequence: use 1 <= position < {n} (n_ctx={n_ctx})")
+    return late, early
+
+
+def icl_score_from_loss(
+    loss: Float[Tensor, "target"], n_ctx: int, late: int | None = None, early: int | None = None
+) -> float:
+    """The in-context-learning score from a per-position loss (:func:`per_position_loss`, entry
+    ``t`` = loss of the token at position ``t + 1``): ``loss[late - 1] - loss[early - 1]``."""
+    late, early = _icl_check(n_ctx, len(loss) + 1, late, early)
+    return (loss[late - 1] - loss[early - 1]).item()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,20 +426,23 @@ def ablation_effects(
     tokens: Int[Tensor, "batch pos"],
     mode: AblationMode = "zero",
     targets: slice | Sequence[int] | None = None,
+    heads: Head | Iterable[Head] | None = None,
 ) -> Float[Tensor, "layer head"]:
     """Loss increase (nats) when each head alone is ablated; ``targets`` picks the target positions
-    averaged (index into the per-token loss, e.g. the second copy of a repeated sequence)."""
+    averaged (index into the per-token loss, e.g. the second copy of a repeated sequence).
+    ``heads`` limits the work to some heads (the others are NaN); default: every head."""
     if mode not in ("zero", "pattern"):
         raise ValueError(f"unknown ablation mode {mode!r}; use 'zero' or 'pattern'")
     tokens = model.check_tokens(tokens)
     targets = slice(None) if targets is None else targets
     logits, cache = model.run_with_cache(tokens)
     base = loss_fn(logits, tokens, per_token=True)[:, targets].mean()
-    out = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
-    for l in range(model.cfg.n_layers):
-        for h in range(model.cfg.n_heads):
-            nll = ablated_loss(model, tokens, (l, h), mode, per_token=True, cache=cache)
-            out[l, h] = nll[:, targets].mean() - base.cpu()
+    if heads is None:
+        heads = [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    out = torch.full((model.cfg.n_layers, model.cfg.n_heads), float("nan"))
+    for l, h in as_heads(model, heads):
+        nll = ablated_loss(model, tokens, (l, h), mode, per_token=True, cache=cache)
+        out[l, h] = nll[:, targets].mean() - base.cpu()
     return out
 
 
@@ -440,3 +462,39 @@ def value_weighted_pattern(
     norms = (cache.v[layer][:, :, head] @ model.blocks[layer].W_O[head]).norm(dim=-1)  # [batch, k]
     weighted = pat * norms[:, None, :]
     return weighted / weighted.sum(-1, keepdim=True).clamp(min=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding repeats in real text, and the phase change in a training history
+# ----------------------------------------------------------------------------------------------
+
+
+def repeated_spans(tokens: Int[Tensor, " pos"], min_len: int = 4, min_gap: int = 1) -> list[tuple[int, int, int]]:
+    """Spans of at least ``min_len`` tokens that occur again later in ``tokens``, as
+    ``(first start, second start, length)``, longest first. Only maximal spans are listed (not
+    extendable to the left or right), and the second copy starts at least ``min_gap`` after the first."""
+    t = torch.as_tensor(tokens).flatten()
+    n = len(t)
+    eq = t[:, None] == t[None, :]
+    out = []
+    for i, j in torch.nonzero(torch.triu(eq, diagonal=min_gap)).tolist():
+        if i > 0 and t[i - 1] == t[j - 1]:
+            continue  # not maximal: it extends to the left
+        length = 0
+        while j + length < n and i + length < j and t[i + length] == t[j + length]:
+            length += 1
+        if length >= min_len:
+            out.append((i, j, length))
+    return sorted(out, key=lambda s: (-s[2], s[0]))
+
+
+def phase_change_step(history: dict, key: str = "prefix_matching", layer: int = 1) -> int:
+    """The training step at which the best ``layer`` head's ``key`` score (default: prefix matching)
+    rises fastest between two evaluations: the end of that steepest interval."""
+    if key not in history or "step" not in history:
+        raise KeyError(f"history has no {key!r} or 'step' column; available: {sorted(history)}")
+    best = [max(v[layer]) if v is not None else float("nan") for v in history[key]]
+    rises = torch.tensor(best).diff()
+    if not len(rises) or torch.isnan(rises).all():
+        raise ValueError(f"history has fewer than two {key!r} evaluations; nothing to locate")
+    return int(history["step"][int(torch.nan_to_num(rises, nan=-float('inf')).argmax()) + 1])
