@@ -7,6 +7,7 @@ One module per idea, in the order the book teaches them:
 - ``paths``         the exact path expansion of the logits of one-layer models (ch. 3)
 - ``skip_trigrams`` skip-trigram tables, copying by OV eigenvalues and the skip-trigram bug (ch. 4)
 - ``composition``   Q/K/V composition scores, virtual heads and term importance (ch. 5)
+- ``induction``     the K-composition term of an induction head and the QK-vs-OV eigenvalue scatter (ch. 6)
 
 Everything public is re-exported here: ``from attncircuits.circuits import FactoredMatrix``.
 """
@@ -14,3 +15,4 @@ Everything public is re-exported here: ``from attncircuits.circuits import Facto
 from .factored import *  # noqa: E402,F401,F403  (the names in factored.__all__)
 from .paths import *  # noqa: E402,F401,F403  (the names in paths.__all__)
 from .skip_trigrams import *  # noqa: E402,F401,F403  (the names in skip_trigrams.__all__)
+from .induction import *  # noqa: E402,F401,F403  (the names in induction.__all__)

@@ -1,0 +1,91 @@
+"""The figures and the snapshot explorer of chapters 6 and 7: shapes, labels, bad input."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_checkpoint  # noqa: E402
+from attncircuits.plotting import (  # noqa: E402
+    eigen_scatter,
+    head_patterns_grid,
+    phase_change_plot,
+    position_loss_plot,
+    score_heatmaps,
+)
+from attncircuits.pretrained import CORPUS_DIR, save_checkpoint, state_dict_for_save  # noqa: E402
+from attncircuits.widgets import snapshot_explorer, snapshot_steps_control  # noqa: E402
+
+
+def test_head_patterns_grid():
+    pats = torch.rand(5, 6, 6)
+    fig = head_patterns_grid(pats, [f"h{i}" for i in range(5)], ncols=3, boundaries=[3])
+    shown = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in shown] == ["h0", "h1", "h2", "h3", "h4"]
+    np.testing.assert_allclose(shown[2].images[0].get_array(), pats[2].numpy())
+    assert shown[0].images[0].get_clim() == (0.0, 1.0)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="one title per pattern"):
+        head_patterns_grid(pats, ["a"])
+    with pytest.raises(ValueError, match=r"\[n_heads, query, key\]"):
+        head_patterns_grid(pats[0], ["a"])
+
+
+def test_position_loss_plot_and_score_heatmaps():
+    fig = position_loss_plot({"a": [3.0, 2.0, 1.0], "b": torch.tensor([1.0, 1.0, 1.0])}, copy_starts=[2], hlines={"u": 4.0})
+    lines = fig.axes[0].get_lines()
+    assert list(lines[0].get_xdata()) == [1, 2, 3] and list(lines[0].get_ydata()) == [3.0, 2.0, 1.0]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="at least one curve"):
+        position_loss_plot({})
+    fig = score_heatmaps({"x": torch.zeros(2, 3), "y": torch.ones(2, 3)})
+    assert [ax.get_title() for ax in fig.axes] == ["x", "y"]
+    assert len(fig.axes[0].texts) == 6
+    plt.close(fig)
+    with pytest.raises(ValueError, match="has shape"):
+        score_heatmaps({"x": torch.zeros(2, 3), "y": torch.zeros(3, 2)})
+
+
+def test_eigen_scatter_and_phase_change_plot():
+    fig = eigen_scatter([0.9, -0.2], [0.8, 0.1], ["L1H0", "L1H1"], "ov", "qk", highlight=[0])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["L1H0", "L1H1"] and ax.get_xlim() == (-1.1, 1.1)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="one entry per head"):
+        eigen_scatter([0.1], [0.1, 0.2], ["a"], "x", "y")
+    fig = phase_change_plot([0, 1, 2], {"loss": {"val": [3.0, None, 1.0]}, "score": {"a": [0, 1, 1]}}, vlines={"change": 1})
+    assert len(fig.axes) == 2 and list(fig.axes[0].get_lines()[0].get_xdata()) == [0, 2]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="x has 3"):
+        phase_change_plot([0, 1, 2], {"loss": {"val": [1.0]}})
+
+
+def test_snapshot_steps_control():
+    assert snapshot_steps_control([0, 500, 1000]) == range(0, 1001, 500)
+    assert snapshot_steps_control([1000, 0, 300]) == [0, 300, 1000]
+    with pytest.raises(ValueError, match="no snapshots"):
+        snapshot_steps_control([])
+
+
+def test_snapshot_explorer_draws_each_snapshot(tmp_path):
+    torch.manual_seed(0)
+    cfg = AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=16)
+    snaps = {}
+    for step in (0, 10, 20):
+        snaps[step] = state_dict_for_save(AttnOnlyTransformer(cfg))
+    model = AttnOnlyTransformer(cfg)
+    ck = load_checkpoint(save_checkpoint(model, tmp_path / "ck", CORPUS_DIR / "tokenizer.json", snapshots=snaps))
+    toks = torch.randint(1, 2048, (2, 9))
+    ex = snapshot_explorer(ck, toks, layer=1, initial=10)
+    assert ex.values == {"step": 10} and ex.options["step"] == [0, 10, 20]
+    fig = ex.render(step=20)
+    assert fig._suptitle.get_text() == "layer 1 at training step 20" and len([a for a in fig.axes if a.images]) == 2
+    plt.close(fig)
+    with pytest.raises(ValueError, match="not an option"):
+        ex.render(step=15)
+    with pytest.raises(IndexError, match="valid layers"):
+        snapshot_explorer(ck, toks, layer=2)
