@@ -96,7 +96,7 @@ def test_topk_matches_dense(fm, block_rows):
     torch.testing.assert_close(M[torch.arange(3)[:, None], r, c], v)
     v, r, c = fm.topk(5, largest=False, block_rows=block_rows)
     torch.testing.assert_close(v, M.flatten(-2).topk(5, dim=-1, largest=False).values)
-    pv, pi = fm.topk_per_row(4, block_rows=block_rows)
+    pv, _pi = fm.topk_per_row(4, block_rows=block_rows)
     torch.testing.assert_close(pv, M.topk(4, dim=-1).values)
     cv, ci = fm.topk_per_col(4, block_rows=block_rows)
     torch.testing.assert_close(cv, M.topk(4, dim=-2).values)

@@ -22,7 +22,13 @@ def test_one_layer_expansion_is_exact(tokens):
     m = tiny(1)
     exp = path_expansion(m, tokens)
     logits = m(tokens)
-    assert exp.terms.shape == (3, 16, 5, 50) and exp.labels == ["direct", "head 0.0", "head 0.1", "head 0.2", "head 0.3"]
+    assert exp.terms.shape == (3, 16, 5, 50) and exp.labels == [
+        "direct",
+        "head 0.0",
+        "head 0.1",
+        "head 0.2",
+        "head 0.3",
+    ]
     assert exp.rest is None
     assert (exp.total - logits).abs().max() < 1e-4
     assert path_expansion_error(m, tokens) < 1e-4
@@ -70,10 +76,14 @@ def test_next_token_contributions(tokens):
     raw = exp.next_token_contributions(centered=False)
     assert raw.shape == (3, 15, 5)
     logits = m(tokens)
-    torch.testing.assert_close(raw.sum(-1), logits[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        raw.sum(-1), logits[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0], rtol=1e-4, atol=1e-4
+    )
     cen = exp.next_token_contributions()
     centered_logits = logits - logits.mean(-1, keepdim=True)
-    torch.testing.assert_close(cen.sum(-1), centered_logits[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        cen.sum(-1), centered_logits[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0], rtol=1e-4, atol=1e-4
+    )
 
 
 def test_bad_inputs(tokens):

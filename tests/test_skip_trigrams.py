@@ -134,7 +134,8 @@ def test_eigen_copying_score_range():
 
 
 class FakeTokenizer:
-    vocab = {"a": 1, "b": 2, " c": 3}
+    def __init__(self):
+        self.vocab = {"a": 1, "b": 2, " c": 3}
 
     def encode(self, text):
         class E:
@@ -172,3 +173,40 @@ def test_resolve_tokens_lists_every_unknown():
         resolve_tokens(tok, ["a", "xy", 77, "b"], 50)
     with pytest.raises(ValueError, match="empty"):
         resolve_tokens(tok, [], 50)
+
+
+def test_head_explorer_and_one_layer_figures(model):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attncircuits import plotting
+    from attncircuits.widgets import head_explorer
+
+    tok = FakeTokenizer()
+    ex = head_explorer(model, tok, [1, 2, "·c"], k=3)  # outside IPython: the static first state only
+    assert ex.values == {"layer": 0, "head": 0}
+    fig = ex.render(layer=1, head=3)
+    assert (
+        fig.axes[0].get_title() == "top skip-trigrams (whole vocabulary)"
+        and len(fig.axes[0].tables[0].get_celld()) == 4 * 4
+    )
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == ["a", "b", "·c"]
+    plt.close("all")
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        head_explorer(model, tok, ["a", "zz"])
+    with pytest.raises(IndexError, match="valid layers"):
+        head_explorer(model, tok, ["a"], layers=[2])
+    cs = copying_summary(model, 0, n_shuffles=2)
+    fig = plotting.eigenvalue_planes(
+        cs.eigenvalues, cs.eigen_score, [f"h{h}" for h in range(4)], cs.copying.bool().tolist()
+    )
+    assert fig.axes[2].get_title().startswith("h2: ")
+    with pytest.raises(ValueError, match="one of each per head"):
+        plotting.eigenvalue_planes(cs.eigenvalues, cs.eigen_score[:2], ["a"] * 4)
+    with pytest.raises(ValueError, match="2 position and 3 term labels"):
+        plotting.path_terms_heatmap(torch.zeros(2, 4), ["a", "b", "c"], ["x", "y"])
+    with pytest.raises(ValueError, match="3 cells for 2 columns"):
+        plotting.skip_trigram_table_html([("a", "b", 1.0)], ["x", "y"])
+    plt.close("all")

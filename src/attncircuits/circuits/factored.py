@@ -99,11 +99,11 @@ class FactoredMatrix:
 
     # ---- algebra ----------------------------------------------------------------------------
     @property
-    def T(self) -> "FactoredMatrix":
+    def T(self) -> FactoredMatrix:
         """``(AB)^T = B^T A^T``."""
         return FactoredMatrix(self.B.transpose(-2, -1), self.A.transpose(-2, -1))
 
-    def __matmul__(self, other) -> "FactoredMatrix":
+    def __matmul__(self, other) -> FactoredMatrix:
         """``(AB) @ X`` stays factored; for a FactoredMatrix ``X = CD`` the product keeps the
         smaller of the two inner dimensions: ``A (B C D)`` or ``(A B C) D``."""
         if isinstance(other, FactoredMatrix):
@@ -116,35 +116,37 @@ class FactoredMatrix:
             return self.A @ (self.B @ other)  # a vector: just compute it
         return FactoredMatrix(self.A, self.B @ other)
 
-    def __rmatmul__(self, other) -> "FactoredMatrix":
+    def __rmatmul__(self, other) -> FactoredMatrix:
         other = torch.as_tensor(other)
         if other.ndim == 1:
             return (other @ self.A) @ self.B
         return FactoredMatrix(other @ self.A, self.B)
 
-    def __mul__(self, scalar: float) -> "FactoredMatrix":
+    def __mul__(self, scalar: float) -> FactoredMatrix:
         if isinstance(scalar, Tensor) and scalar.numel() != 1:
             raise TypeError("a FactoredMatrix can only be multiplied by a scalar; use @ for matrix products")
         return FactoredMatrix(self.A * scalar, self.B)
 
     __rmul__ = __mul__
 
-    def __getitem__(self, idx) -> "FactoredMatrix":
+    def __getitem__(self, idx) -> FactoredMatrix:
         """Index the batch dimensions, e.g. ``ov[head]``; rows/columns go through :meth:`restrict`."""
         if not self.batch_shape:
-            raise IndexError("this FactoredMatrix has no batch dimension to index; use .restrict(rows, cols) or .rows(ids)")
+            raise IndexError(
+                "this FactoredMatrix has no batch dimension to index; use .restrict(rows, cols) or .rows(ids)"
+            )
         A = self.A.expand(*self.batch_shape, *self.A.shape[-2:])[idx]
         B = self.B.expand(*self.batch_shape, *self.B.shape[-2:])[idx]
         return FactoredMatrix(A, B)
 
-    def restrict(self, rows=None, cols=None) -> "FactoredMatrix":
+    def restrict(self, rows=None, cols=None) -> FactoredMatrix:
         """The sub-matrix on the given row and column indices, still factored:
         ``M[rows][:, cols] = A[rows] @ B[:, cols]``."""
         A = self.A if rows is None else self.A[..., torch.as_tensor(rows, device=self.A.device), :]
         B = self.B if cols is None else self.B[..., :, torch.as_tensor(cols, device=self.B.device)]
         return FactoredMatrix(A, B)
 
-    def centered(self, dim: int = -1) -> "FactoredMatrix":
+    def centered(self, dim: int = -1) -> FactoredMatrix:
         """Subtract each row's mean (``dim=-1``) or each column's mean (``dim=-2``), still factored.
 
         Softmaxes ignore a constant shift, so the centered circuits are what the model "sees":
@@ -197,13 +199,13 @@ class FactoredMatrix:
         return einsum(self.A[..., :n, :], self.B[..., :, :n], "... i k, ... k i -> ... i")
 
     # ---- reductions through the factors -------------------------------------------------------
-    def norm(self) -> Float[Tensor, "..."]:
+    def norm(self) -> Float[Tensor, "*batch"]:
         """Frobenius norm: ``||AB||_F^2 = tr(B^T A^T A B) = sum((A^T A) * (B B^T))``, two k x k Grams."""
         gram_a = self.A.transpose(-2, -1) @ self.A
         gram_b = self.B @ self.B.transpose(-2, -1)
         return (gram_a * gram_b).sum((-2, -1)).clamp_min(0).sqrt()
 
-    def mean(self) -> Float[Tensor, "..."]:
+    def mean(self) -> Float[Tensor, "*batch"]:
         """Mean entry: ``mean(AB) = mean_i(A[i]) . mean_j(B[:, j])``."""
         return einsum(self.A.mean(-2), self.B.mean(-1), "... k, ... k -> ...")
 
@@ -278,7 +280,9 @@ class FactoredMatrix:
 # ------------------------------------------------------------------------------------------------
 def _heads(model: AttnOnlyTransformer, layer: int, head: int | None) -> slice | int:
     if model.cfg.n_layers == 0:
-        raise ValueError("this model has no attention layers (n_layers=0), so it has no heads; load a 1- or 2-layer model")
+        raise ValueError(
+            "this model has no attention layers (n_layers=0), so it has no heads; load a 1- or 2-layer model"
+        )
     model.check_head(layer, 0 if head is None else head)
     return slice(None) if head is None else head
 
@@ -329,7 +333,7 @@ class QKParts:
     pos_token: FactoredMatrix  # [.., n_ctx (query position), d_vocab (key token)]
     pos_pos: FactoredMatrix  # [.., n_ctx (query position), n_ctx (key position)]
 
-    def score(self, q_token: int, q_pos: int, k_token: int, k_pos: int) -> Float[Tensor, "..."]:
+    def score(self, q_token: int, q_pos: int, k_token: int, k_pos: int) -> Float[Tensor, "*batch"]:
         """The pre-softmax score of one (query, key) pair, summed from the four parts."""
         parts = [
             self.token_token.restrict([q_token], [k_token]),
@@ -354,7 +358,9 @@ def qk_circuit_parts(model: AttnOnlyTransformer, layer: int, head: int | None = 
 # ------------------------------------------------------------------------------------------------
 # Positional heads
 # ------------------------------------------------------------------------------------------------
-def mean_attention_by_offset(pattern: Float[Tensor, "batch head q k"], max_offset: int = 8) -> Float[Tensor, "head offset"]:
+def mean_attention_by_offset(
+    pattern: Float[Tensor, "batch head q k"], max_offset: int = 8
+) -> Float[Tensor, "head offset"]:
     """Average attention from a query to the key ``offset`` positions back (0 = itself, 1 = previous).
 
     Averaged over the batch and over the queries that have such a key (query position >= offset).

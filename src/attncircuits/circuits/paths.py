@@ -73,7 +73,9 @@ class PathExpansion:
         return torch.cat(out, dim=2)
 
 
-def attention_patterns_from_weights(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch head q k"]:
+def attention_patterns_from_weights(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch head q k"]:
     """Layer-0 attention patterns computed from the weights: the causal softmax of
     ``(W_E[t_q] + W_pos[q]) W_Q ((W_E[t_k] + W_pos[k]) W_K)^T / sqrt(d_head)``, i.e. of the sum of
     the four QK parts (token-token, token-position, position-token, position-position)."""
@@ -108,7 +110,9 @@ def path_expansion(
     else:
         want = (tokens.shape[0], model.cfg.n_heads, tokens.shape[1], tokens.shape[1])
         if tuple(patterns.shape) != want:
-            raise ValueError(f"patterns must be [batch, head, q, k] = {list(want)} for these tokens, got {list(patterns.shape)}")
+            raise ValueError(
+                f"patterns must be [batch, head, q, k] = {list(want)} for these tokens, got {list(patterns.shape)}"
+            )
     emb = model.W_E[tokens]
     direct = emb @ model.W_U
     blk = model.blocks[0]

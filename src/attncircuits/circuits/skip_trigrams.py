@@ -27,7 +27,6 @@ the ``d_head x d_head`` product (see :meth:`FactoredMatrix.eigenvalues`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +71,8 @@ def resolve_tokens(tokenizer, tokens, d_vocab: int) -> Int[Tensor, " n"]:
             ids.append(t)
     if bad:
         raise ValueError(
-            f"{len(bad)} of the {len(tokens)} tokens are not in the vocabulary: " + "; ".join(bad)
+            f"{len(bad)} of the {len(tokens)} tokens are not in the vocabulary: "
+            + "; ".join(bad)
             + ". Use one-token strings (check with tokenizer.encode) or ids"
         )
     if not ids:
@@ -95,7 +95,7 @@ def frequent_tokens(tokenizer, n: int, words_only: bool = True, min_chars: int =
     picked = []
     for t in freq.argsort(descending=True).tolist():
         word = tokenizer.decode([t])
-        word = word[1:] if word.startswith(" ") else word
+        word = word.removeprefix(" ")
         if not words_only or (word.isascii() and word.isalpha() and len(word) >= min_chars):
             picked.append(t)
         if len(picked) == n:
@@ -249,7 +249,7 @@ def skip_trigram_effects(
 # ------------------------------------------------------------------------------------------------
 # Copying
 # ------------------------------------------------------------------------------------------------
-def eigen_copying_score(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
+def eigen_copying_score(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "*batch"]:
     """The paper's summary ``Σλ / Σ|λ|`` ∈ [−1, 1]: +1 when all eigenvalues are positive reals (copying),
     −1 when all are negative (anti-copying), near 0 when they spread around the circle."""
     return eigenvalues.sum(-1).real / eigenvalues.abs().sum(-1)
@@ -342,7 +342,7 @@ class SkipTrigramBug:
     count22: int  # training count of d2 o2
 
     def describe(self, tokenizer) -> str:
-        t = lambda i: repr(token_str(tokenizer, i))  # noqa: E731
+        t = lambda i: repr(token_str(tokenizer, i))
         s, d1, o1, d2, o2 = (t(i) for i in (self.source, self.dest1, self.out1, self.dest2, self.out2))
         return (
             f"head {self.layer}.{self.head}: {s} … {d1} → {o1} (bigram seen {self.count11}x) and "
@@ -407,7 +407,9 @@ def find_skip_trigram_bugs(
             s_, i_, j_, a_, b_ = int(s[r]), int(i[r]), int(j[r]), int(a[r]), int(b[r])
             d1, o1, d2, o2 = int(dest[h, s_, i_]), int(out[h, s_, j_]), int(dest[h, s_, a_]), int(out[h, s_, b_])
             found.append(
-                SkipTrigramBug(layer, h, int(ids[s_]), d1, o1, d2, o2, float(pred[r]), int(counts[d1, o1]), int(counts[d2, o2]))
+                SkipTrigramBug(
+                    layer, h, int(ids[s_]), d1, o1, d2, o2, float(pred[r]), int(counts[d1, o1]), int(counts[d2, o2])
+                )
             )
     found.sort(key=lambda bug: -bug.predicted)
     return found[:n]
