@@ -214,7 +214,7 @@ def next_token_bars(
         ax.set_xlabel("probability")
         ax.set_title(name, fontsize=10)
     if title:
-        fig.suptitle(visible(title))
+        fig.suptitle(title)
     return fig
 
 

@@ -12,6 +12,7 @@ One module per idea, in the order the book teaches them:
 Everything public is re-exported here: ``from attncircuits.circuits import FactoredMatrix``.
 """
 
+from .bigrams import *  # noqa: E402,F401,F403  (the names in bigrams.__all__)
 from .factored import *  # noqa: E402,F401,F403  (the names in factored.__all__)
 from .paths import *  # noqa: E402,F401,F403  (the names in paths.__all__)
 from .skip_trigrams import *  # noqa: E402,F401,F403  (the names in skip_trigrams.__all__)

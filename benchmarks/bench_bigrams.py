@@ -1,0 +1,81 @@
+"""How long the zero-layer chapter's full ``d_vocab x d_vocab`` tables take (target: < 1 s each).
+
+    python benchmarks/bench_bigrams.py [--repeats 3] [--threads N]
+
+Uses the shipped ``attn-only-0l`` model when it exists, otherwise a random model of the same shape
+(the timings depend on shapes only), and the shipped training-split bigram counts. Prints the best
+of ``--repeats`` runs per step and exits with status 1 if any step takes 1 s or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
+from attncircuits.circuits import bigrams as B
+from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, load_validation_tokens
+
+LIMIT_S = 1.0
+
+
+def best_of(fn, repeats: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if (PRETRAINED_DIR / "attn-only-0l" / "manifest.json").is_file():
+        model, source = load_pretrained("attn-only-0l").model, "shipped attn-only-0l"
+    else:
+        torch.manual_seed(0)
+        model, source = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0)).eval(), "random model of the shipped shape"
+    V = model.cfg.d_vocab
+    prev, nxt, cnt = load_train_bigram_counts()
+    val = load_validation_tokens()
+
+    rows = []
+
+    def run(name, fn):
+        s, out = best_of(fn, args.repeats)
+        rows.append((name, s))
+        return out
+
+    logp = run("bigram_log_probs (W_E @ W_U, log-softmax)", lambda: B.bigram_log_probs(model))
+    run("bigram_logits (W_E @ W_U)", lambda: B.bigram_logits(model))
+    counts = run(
+        f"bigram_count_table ({len(cnt):,} sparse train pairs)", lambda: B.bigram_count_table(prev, nxt, cnt, V)
+    )
+    run(f"count_bigrams (validation stream, {len(val):,} tokens)", lambda: B.count_bigrams(val, V))
+    alpha = run("fit_smoothing (leave-one-out, 40 alphas)", lambda: B.fit_smoothing(counts))
+    run("smoothed_log_probs", lambda: B.smoothed_log_probs(counts, alpha))
+    run("conditional_entropy (bigram floor)", lambda: B.conditional_entropy(counts))
+    run("cross_entropy (0L loss from counts)", lambda: B.cross_entropy(logp, counts))
+    run("compare_bigram_tables (corr, KL, top-1/5)", lambda: B.compare_bigram_tables(logp, counts))
+    run("self_prediction", lambda: B.self_prediction(logp))
+
+    print(f"d_vocab = {V} ({V * V / 1e6:.1f} M-entry tables), {source}, torch threads = {torch.get_num_threads()}, "
+          f"best of {args.repeats}")
+    width = max(len(n) for n, _ in rows)
+    print(f"{'step':<{width}}  {'seconds':>8}  < {LIMIT_S:g} s")
+    print("-" * (width + 16))
+    for name, s in rows:
+        print(f"{name:<{width}}  {s:8.3f}  {'yes' if s < LIMIT_S else 'NO'}")
+    return 0 if all(s < LIMIT_S for _, s in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
