@@ -29,8 +29,8 @@ Head = tuple[int, int]  # (layer, head)
 class AttnOnlyConfig:
     n_layers: int = 2  # 0, 1 or 2 in the course: the paper's three model sizes
     d_model: int = 128  # width of the residual stream; small so a CPU trains it in minutes
-    n_heads: int = 8  # enough heads that composition and copying tables have structure
-    d_head: int = 16  # d_model / n_heads, as in most transformers
+    n_heads: int = 4  # few enough that each head has room: 8 x 16 formed no induction heads in 16M tokens
+    d_head: int = 32  # d_model / n_heads; a wide QK lets positions and tokens share a head
     d_vocab: int = 2048  # the shipped BPE vocabulary (see data.py for why 2048)
     n_ctx: int = 128  # long enough for repeats at many distances, short enough for a CPU
     init_std_embed: float = 1.0  # unit-scale residual stream: without LayerNorm, GPT-2's 0.02 stalls
