@@ -14,6 +14,7 @@ Everything public is re-exported here: ``from attncircuits.circuits import Facto
 
 from .bigrams import *  # noqa: E402,F401,F403  (the names in bigrams.__all__)
 from .factored import *  # noqa: E402,F401,F403  (the names in factored.__all__)
+from .composition import *  # noqa: E402,F401,F403  (the names in composition.__all__)
 from .paths import *  # noqa: E402,F401,F403  (the names in paths.__all__)
 from .skip_trigrams import *  # noqa: E402,F401,F403  (the names in skip_trigrams.__all__)
 from .induction import *  # noqa: E402,F401,F403  (the names in induction.__all__)

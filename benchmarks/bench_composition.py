@@ -1,0 +1,105 @@
+"""How long the two-layer chapter's analyses take (targets: all composition scores plus the random
+baseline < 1 s; term importance on >= 100k validation tokens < 30 s).
+
+    python benchmarks/bench_composition.py [--model attn-only-2l] [--repeats 3] [--tokens 100000] [--threads N]
+
+Composition scores are computed on the factors (``FactoredMatrix``): every product has rank at most
+``d_head``, so its Frobenius norm comes from ``d_head x d_head`` Gram matrices and no
+``d_model x d_model`` matrix is formed. Term importance runs one forward pass per batch of windows
+(patterns frozen there) and unembeds three partial residual streams; the direct path's loss comes
+from the ``W_E W_U`` table. Also times the 2-layer path expansion on 8 windows.
+
+Uses the shipped model when it exists, otherwise a random model of the same shape (the timings
+depend on shapes only). Prints the best of ``--repeats`` runs per step and exits with status 1 if
+a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
+from attncircuits.circuits import composition_scores, term_importance, two_layer_path_expansion
+from attncircuits.pretrained import PRETRAINED_DIR, load_validation_tokens
+
+
+def best_of(fn, repeats: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="attn-only-2l")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=100_000, help="predicted validation tokens for term importance")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if (PRETRAINED_DIR / args.model / "manifest.json").is_file():
+        model, source = load_pretrained(args.model).model, f"shipped {args.model}"
+    else:
+        torch.manual_seed(0)
+        model, source = AttnOnlyTransformer(AttnOnlyConfig(n_layers=2)).eval(), "random model of the shipped shape"
+    cfg = model.cfg
+    val = load_validation_tokens()
+    n_windows = math.ceil(args.tokens / (cfg.n_ctx - 1))
+    if n_windows * cfg.n_ctx > len(val):
+        raise SystemExit(
+            f"--tokens {args.tokens} needs {n_windows * cfg.n_ctx} validation tokens; the split has {len(val)}"
+        )
+    windows = val[: n_windows * cfg.n_ctx].view(n_windows, cfg.n_ctx)
+
+    rows = []  # (step, seconds, limit or None)
+
+    def run(name, fn, limit=None, repeats=args.repeats):
+        s, out = best_of(fn, repeats)
+        rows.append((name, s, limit))
+        return out
+
+    comp = run(
+        f"composition scores: 3 x {cfg.n_heads}² pairs + baseline (3 x 500 random pairs)",
+        lambda: composition_scores(model),
+        1.0,
+    )
+    run(
+        f"composition scores alone (3 x {cfg.n_heads}² pairs, no baseline)",
+        lambda: composition_scores(model, n_baseline=2),
+    )
+    run(
+        "2-layer path expansion, 8 windows (81 terms, residual space)",
+        lambda: two_layer_path_expansion(model, windows[:8]),
+    )
+    ti = run(f"term importance, {n_windows} windows", lambda: term_importance(model, windows), 30.0, repeats=1)
+
+    print(f"{source}, torch threads = {torch.get_num_threads()}, best of {args.repeats} (term importance: 1 run)")
+    width = max(len(n) for n, _, _ in rows)
+    print(f"{'step':<{width}}  {'seconds':>8}  {'target':>8}  met")
+    print("-" * (width + 26))
+    for name, s, limit in rows:
+        met = "" if limit is None else ("yes" if s < limit else "NO")
+        print(f"{name:<{width}}  {s:8.3f}  {'' if limit is None else f'< {limit:g} s':>8}  {met}")
+    print(
+        f"\nterm importance on {ti.n_tokens:,} predicted tokens (nats/token): uniform {ti.uniform:.3f}, direct {ti.direct:.3f}, "
+        f"first order {ti.first_order:.3f}, full {ti.full:.3f}"
+    )
+    for kind in "qkv":
+        print(
+            f"{kind.upper()}-composition: baseline {comp.baseline.mean(kind):.4f} ± {comp.baseline.std(kind):.4f}, "
+            f"max score {comp[kind].max():.3f}"
+        )
+    return 0 if all(limit is None or s < limit for _, s, limit in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
