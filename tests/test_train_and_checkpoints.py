@@ -114,7 +114,12 @@ def test_cli_trains_on_local_files(tmp_path):
     shutil.rmtree(out)
 
 
-def test_presets_share_one_recipe():
-    recipes = {k: v for k, v in PRESETS.items() if k.startswith("attn-only")}
-    mix = {(t.get("repeat_frac"), t.get("random_repeat_frac"), t.get("lr")) for _, t in recipes.values()}
-    assert len(mix) == 1  # the three shipped models differ in depth (and steps) only
+def test_one_and_two_layer_presets_share_one_recipe():
+    def recipe(name):
+        model_kw, train_kw = PRESETS[name]
+        cfg = TrainConfig(**{k: v for k, v in train_kw.items() if k != "snapshot_steps"})
+        return {k: v for k, v in model_kw.items() if k != "n_layers"}, cfg
+
+    assert recipe("attn-only-1l") == recipe("attn-only-2l")  # they differ in depth only
+    _, zero = recipe("attn-only-0l")
+    assert zero.repeat_frac == zero.random_repeat_frac == 0.0  # plain text: no context to use

@@ -54,11 +54,13 @@ class TrainConfig:
 
 
 PRESETS: dict[str, tuple[dict, dict]] = {
-    # The recipe is shared, only depth differs, so the three models differ in nothing but layers.
-    "attn-only-0l": ({"n_layers": 0}, {}),
+    # A zero-layer model sees only the current token, so repeated rows cannot help it and would
+    # only blur its bigram statistics: it trains on plain text, to be compared with the bigram table.
+    "attn-only-0l": ({"n_layers": 0}, {"repeat_frac": 0.0, "random_repeat_frac": 0.0}),
+    # The 1- and 2-layer models share one recipe, so they differ in nothing but depth.
     "attn-only-1l": ({"n_layers": 1}, {}),
-    # snapshots before, during and after the induction heads form (steps ~1,500-3,000)
-    "attn-only-2l": ({"n_layers": 2}, {"snapshot_steps": [0, 1000, 1500, 2000, 2500, 3000, 4000, 8000]}),
+    # Snapshots before, during and after the induction heads form (steps ~1,750-3,500).
+    "attn-only-2l": ({"n_layers": 2}, {"snapshot_steps": [0, 1000, 1500, 2000, 2500, 3000, 4000, 6000]}),
     # a seconds-long run for the first chapter and the tests
     "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
 }
