@@ -4,7 +4,8 @@
 
 Uses the shipped ``attn-only-0l`` model when it exists, otherwise a random model of the same shape
 (the timings depend on shapes only), and the shipped training-split bigram counts. Prints the best
-of ``--repeats`` runs per step and exits with status 1 if any step takes 1 s or more.
+of ``--repeats`` runs per step (wall clock, and CPU time summed over threads, which other busy
+programs on the machine do not inflate) and exits with status 1 if any step takes 1 s or more.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, lo
 LIMIT_S = 1.0
 
 
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+def best_of(fn, repeats: int) -> tuple[float, float, object]:
+    """Best wall-clock and best CPU seconds (all threads) over ``repeats`` runs, and the result."""
+    wall, cpu, out = float("inf"), float("inf"), None
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+    return wall, cpu, out
 
 
 def main(argv=None) -> int:
@@ -50,8 +52,8 @@ def main(argv=None) -> int:
     rows = []
 
     def run(name, fn):
-        s, out = best_of(fn, args.repeats)
-        rows.append((name, s))
+        wall, cpu, out = best_of(fn, args.repeats)
+        rows.append((name, wall, cpu))
         return out
 
     logp = run("bigram_log_probs (W_E @ W_U, log-softmax)", lambda: B.bigram_log_probs(model))
@@ -69,12 +71,12 @@ def main(argv=None) -> int:
 
     print(f"d_vocab = {V} ({V * V / 1e6:.1f} M-entry tables), {source}, torch threads = {torch.get_num_threads()}, "
           f"best of {args.repeats}")
-    width = max(len(n) for n, _ in rows)
-    print(f"{'step':<{width}}  {'seconds':>8}  < {LIMIT_S:g} s")
-    print("-" * (width + 16))
-    for name, s in rows:
-        print(f"{name:<{width}}  {s:8.3f}  {'yes' if s < LIMIT_S else 'NO'}")
-    return 0 if all(s < LIMIT_S for _, s in rows) else 1
+    width = max(len(n) for n, *_ in rows)
+    print(f"{'step':<{width}}  {'wall s':>7}  {'CPU s':>7}  wall < {LIMIT_S:g} s")
+    print("-" * (width + 30))
+    for name, wall, cpu in rows:
+        print(f"{name:<{width}}  {wall:7.3f}  {cpu:7.3f}  {'yes' if wall < LIMIT_S else 'NO'}")
+    return 0 if all(wall < LIMIT_S for _, wall, _ in rows) else 1
 
 
 if __name__ == "__main__":

@@ -350,3 +350,14 @@ def test_shipped_zero_layer_loss_from_counts_equals_its_loss_from_running_it():
         run = loss_fn(model(windows), windows).item()
     counts = sum(count_bigrams(w, model.cfg.d_vocab) for w in windows)  # pairs inside each window only
     assert cross_entropy(bigram_log_probs(model), counts) == pytest.approx(run, rel=1e-5)
+
+
+def test_tables_that_need_grad_are_accepted_without_warnings(table):
+    """Tables built from parameters (e.g. a head's OV circuit) carry requires_grad; nothing warns."""
+    t = table.clone().requires_grad_(True)
+    counts = torch.ones(V, V, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compare_bigram_tables(t.log_softmax(-1), counts)
+        top_next_tokens(t.log_softmax(-1), 0, 2)
+        self_prediction(t)

@@ -193,13 +193,13 @@ def cross_entropy(log_probs: Float[Tensor, "d_vocab d_vocab"], counts: Int[Tenso
     a, b, n, _ = _observed(counts)
     if not len(n):
         raise ValueError("the count table is empty")
-    return float(-(n * log_probs[a, b].double()).sum() / n.sum())
+    return float(-(n * log_probs.detach()[a, b].double()).sum() / n.sum())
 
 
 # ---- comparing two tables ----------------------------------------------------------------------
 def weighted_pearson(x: Float[Tensor, " n"], y: Float[Tensor, " n"], w: Float[Tensor, " n"]) -> float:
     """Pearson correlation with each pair ``(x_i, y_i)`` counted ``w_i`` times."""
-    x, y, w = x.double(), y.double(), w.double()
+    x, y, w = (torch.as_tensor(v).detach().double() for v in (x, y, w))
     w = w / w.sum()
     dx, dy = x - (w * x).sum(), y - (w * y).sum()
     return float((w * dx * dy).sum() / ((w * dx**2).sum() * (w * dy**2).sum()).sqrt())
@@ -223,7 +223,7 @@ def weighted_spearman(x: Float[Tensor, " n"], y: Float[Tensor, " n"], w: Float[T
     Equal to Spearman's rho on the sample with every pair repeated ``w_i`` times, computed without
     materialising it: the weighted Pearson correlation of weighted mid-ranks.
     """
-    x, y, w = x.double(), y.double(), w.double()
+    x, y, w = (torch.as_tensor(v).detach().double() for v in (x, y, w))
     return weighted_pearson(_weighted_midranks(x, w), _weighted_midranks(y, w), w)
 
 
@@ -238,7 +238,7 @@ def next_token_kl(
     """
     a, b, n, row = _observed(counts)
     p = n / row[a]
-    terms = p * (p.log() - log_probs[a, b].double())
+    terms = p * (p.log() - log_probs.detach()[a, b].double())
     return torch.zeros(counts.shape[0], dtype=torch.float64).index_add_(0, a, terms)
 
 
@@ -250,14 +250,21 @@ def topk_agreement(
     ``|topk(table[a]) ∩ topk(C[a])| / k``; for ``k = 1``, 1.0 where both argmaxes agree. Ties in the
     counts are broken by token id (lower first) so the result is deterministic.
     """
+    return _agreement(*_top_ids(table, counts, k), k)
+
+
+def _top_ids(table: Tensor, counts: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The top-``k`` next tokens per row of a table and of the counts (best first)."""
     V = counts.shape[-1]
     if not 1 <= k <= V:
         raise ValueError(f"k must be between 1 and d_vocab={V}, got {k}")
-    # counts are integers: subtracting id / (V + 1) < 1 breaks ties without reordering distinct counts
-    tie_break = torch.arange(V, dtype=torch.float64) / (V + 1)
-    top_c = (counts.double() - tie_break).topk(k, dim=-1).indices
-    top_t = table.topk(k, dim=-1).indices
-    hit = (top_t[:, :, None] == top_c[:, None, :]).any(-1)
+    # an exact integer key: a higher count always wins, and among equal counts the lower id
+    key = counts.long() * (V + 1) + (V - torch.arange(V))
+    return table.detach().topk(k, dim=-1).indices, key.topk(k, dim=-1).indices
+
+
+def _agreement(top_t: Tensor, top_c: Tensor, k: int) -> Tensor:
+    hit = (top_t[:, :k, None] == top_c[:, None, :k]).any(-1)
     return hit.double().sum(-1) / k
 
 
@@ -301,14 +308,15 @@ def compare_bigram_tables(
     if not len(n):
         raise ValueError("the count table is empty")
     w_tok = row / row.sum()
-    x, y = log_probs[a, b].double(), (n / row[a]).log()
+    x, y = log_probs.detach()[a, b].double(), (n / row[a]).log()
+    top_t, top_c = _top_ids(log_probs, counts, 5)  # sorted, so their first columns are the top 1
     loss, floor = float(-(n * x).sum() / n.sum()), float(-(n * y).sum() / n.sum())
     return BigramComparison(
         pearson=weighted_pearson(x, y, n),
         spearman=weighted_spearman(x, y, n),
         kl=loss - floor,  # == Σ_a w_a KL_a, see next_token_kl
-        top1=float((topk_agreement(log_probs, counts, 1) * w_tok).sum()),
-        top5=float((topk_agreement(log_probs, counts, 5) * w_tok).sum()),
+        top1=float((_agreement(top_t, top_c, 1) * w_tok).sum()),
+        top5=float((_agreement(top_t, top_c, 5) * w_tok).sum()),
         loss=loss,
         floor=floor,
         n_bigrams=len(n),
@@ -323,7 +331,7 @@ def self_prediction(table: Float[Tensor, "d_vocab d_vocab"]) -> Int[Tensor, " d_
     predict itself; a bigram table predicts what *follows*, which is rarely the same token.
     """
     V = table.shape[-1]
-    return (table.argmax(-1) == torch.arange(V)).long()
+    return (table.detach().argmax(-1) == torch.arange(V)).long()
 
 
 # ---- tokens ------------------------------------------------------------------------------------
@@ -358,5 +366,5 @@ def top_next_tokens(
     check_token_ids([token], V)
     if not 1 <= k <= V:
         raise ValueError(f"k must be between 1 and d_vocab={V}, got {k}")
-    lp, ids = log_probs[token].topk(k)
+    lp, ids = log_probs.detach()[token].topk(k)
     return ids, lp.exp()
