@@ -51,26 +51,26 @@ $(VENDOR)/.fetched: Makefile
 
 # PNGs of the built landing page and one chapter, opened from file:// by a headless browser with
 # the network features off, into screenshots/ (git-ignored). Installs Debian's chromium if needed.
-SHOT_PAGES ?= intro notebooks/01_attention_only_transformer
+SHOT_PAGES ?= book/intro notebooks/01_attention_only_transformer
 screenshots:
 	@test -f _build/html/index.html || { echo "no built book: run 'make book' first" >&2; exit 1; }
 	@command -v $(CHROMIUM) >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	mkdir -p screenshots
 	@for page in $(SHOT_PAGES); do \
-	  f=_build/html/$$page.html; [ -f $$f ] || f=_build/html/book/$$page.html; \
+	  f=_build/html/$$page.html; \
 	  [ -f $$f ] || { echo "no page $$page in _build/html" >&2; exit 1; }; \
-	  profile=$$(mktemp -d); out=screenshots/$$(echo $$page | tr / _).png; \
+	  profile=$$(mktemp -d); out=screenshots/$$(echo $$page | tr / _).png; rm -f $$out; \
 	  timeout 120 $(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-background-networking \
 	    --disable-component-update --disable-sync --no-first-run --disable-quic --user-data-dir=$$profile \
 	    '--host-resolver-rules=MAP * ~NOTFOUND' \
-	    --hide-scrollbars --window-size=1400,1800 --virtual-time-budget=10000 \
+	    --hide-scrollbars --window-size=1300,2400 --virtual-time-budget=10000 \
 	    --screenshot=$$out file://$(CURDIR)/$$f 2>/dev/null; rc=$$?; rm -rf $$profile; \
 	  [ $$rc -eq 0 ] && [ -s $$out ] || { echo "chromium failed on $$f" >&2; exit 1; }; echo "$$out"; \
 	done
 
 test: venv
 	$(PY) -m pytest tests
-	$(PY) -m pytest --nbval-lax notebooks
+	$(PY) -m pytest --nbval-lax notebooks book/reproduces.ipynb
 
 # Retrain the shipped tokenizer, corpus files and the three models (about 40 min on 2 CPU cores).
 train: venv
