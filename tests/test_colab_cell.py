@@ -1,0 +1,118 @@
+"""The Colab first cell of every notebook: identical everywhere, and its three branches behave.
+
+The cell runs before the package can be imported, so it is plain standard-library code. The
+canonical copy is the first cell of chapter 1; every other notebook must carry the same text.
+Each branch is run in a fresh interpreter: ``python -S`` (no site-packages) stands for a Python
+without the package, and a stub ``pip`` placed first on ``PYTHONPATH`` records the command the
+cell would run on Colab and "installs" a stand-in package.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CANONICAL = ROOT / "notebooks" / "01_attention_only_transformer.ipynb"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def first_cell(path: Path):
+    return nbformat.read(path, as_version=4).cells[0]
+
+
+CELL = first_cell(CANONICAL).source
+REPOSITORY = re.search(r'^REPOSITORY = "(.+)"', CELL, re.M).group(1)
+BRANCH = re.search(r'^BRANCH = "(.+)"', CELL, re.M).group(1)
+SOURCE = f"git+{REPOSITORY}@{BRANCH}"  # what pip must be given
+
+STUB_PIP = """
+import json, os, pathlib, sys
+pathlib.Path(os.environ["STUB_PIP_RECORD"]).write_text(json.dumps(sys.argv[1:]))
+if os.environ.get("STUB_PIP_FAIL"):
+    sys.exit(1)
+pkg = pathlib.Path(__file__).resolve().parents[1] / "attncircuits"
+pkg.mkdir()
+(pkg / "__init__.py").write_text("STAND_IN = True\\n")
+"""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_starts_with_the_colab_cell(path):
+    cell = first_cell(path)
+    assert cell.cell_type == "code" and "remove-cell" in cell.metadata.get("tags", []), (
+        f"{path.name}: the first cell must be the Colab cell, tagged remove-cell"
+    )
+    assert cell.source == CELL, f"{path.name}: copy the first cell of {CANONICAL.name} verbatim"
+
+
+def test_cell_installs_from_the_repository_named_in_config():
+    yaml = pytest.importorskip("yaml")
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    assert (REPOSITORY, BRANCH) == (repo["url"], repo["branch"]), "keep the cell and _config.yml's repository in step"
+
+
+def run_cell(tmp_path, *, site: bool, colab: str | None = None, pip_fails: bool = False):
+    """Run the cell in a fresh interpreter; return (process, recorded pip argv or None)."""
+    stub = tmp_path / "stub"
+    (stub / "pip").mkdir(parents=True)
+    (stub / "pip" / "__init__.py").write_text("")
+    (stub / "pip" / "__main__.py").write_text(STUB_PIP)
+    (stub / "google" / "colab").mkdir(parents=True)
+    (stub / "google" / "__init__.py").write_text("")
+    (stub / "google" / "colab" / "__init__.py").write_text("")
+    (tmp_path / "cell.py").write_text(CELL)
+    record = tmp_path / "pip.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("COLAB_RELEASE_TAG", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(stub), STUB_PIP_RECORD=str(record))
+    if colab == "env":
+        env["COLAB_RELEASE_TAG"] = "release-colab-test"
+    if pip_fails:
+        env["STUB_PIP_FAIL"] = "1"
+    prelude = "import google.colab\n" if colab == "module" else ""
+    code = prelude + (
+        "exec(compile(open('cell.py').read(), 'colab-cell', 'exec'), {})\n"
+        "import attncircuits\n"
+        "print('IMPORTED', getattr(attncircuits, 'STAND_IN', False))\n"
+    )
+    args = [sys.executable] + (["-S"] if not site else []) + ["-c", code]
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return proc, json.loads(record.read_text()) if record.exists() else None
+
+
+@pytest.mark.parametrize("colab", [None, "env"])
+def test_importable_is_a_no_op(tmp_path, colab):
+    proc, pip = run_cell(tmp_path, site=True, colab=colab)
+    assert proc.returncode == 0, proc.stderr
+    assert pip is None  # no install, not even on Colab
+    assert "IMPORTED False" in proc.stdout  # the real package, untouched
+
+
+def test_not_importable_off_colab_says_pip_install_e(tmp_path):
+    proc, pip = run_cell(tmp_path, site=False)
+    assert proc.returncode != 0 and pip is None
+    assert "ModuleNotFoundError" in proc.stderr and "`pip install -e .`" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("colab", ["env", "module"])
+def test_on_colab_installs_from_the_repository_and_keeps_torch(tmp_path, colab):
+    proc, pip = run_cell(tmp_path, site=False, colab=colab)
+    assert proc.returncode == 0, proc.stderr
+    assert "IMPORTED True" in proc.stdout  # imported right after the install, same process
+    assert pip[0] == "install"
+    targets = [a for a in pip[1:] if not a.startswith("-")]
+    assert targets == [SOURCE]
+    assert not any("torch" in a for a in pip)
+    assert not set(pip) & {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I", "--no-deps"}
+    assert not any(a.startswith("--upgrade-strategy") for a in pip)
+
+
+def test_on_colab_a_failed_install_says_what_to_run(tmp_path):
+    proc, pip = run_cell(tmp_path, site=False, colab="env", pip_fails=True)
+    assert proc.returncode != 0 and pip is not None
+    assert f"!pip install {SOURCE}" in proc.stderr
