@@ -365,3 +365,30 @@ def test_per_position_loss_in_chunks_and_icl_from_it(tiny_model):
     assert in_context_learning_score(tiny_model, toks) == pytest.approx(icl_score_from_loss(loss, 16), abs=1e-5)
     with pytest.raises(ValueError, match="past the context length"):
         icl_score_from_loss(loss, 16, late=16)
+
+
+def test_phase_change_step_and_repeated_spans():
+    from attncircuits.scores import phase_change_step, repeated_spans
+
+    hist = {"step": [0, 10, 20, 30, 40], "prefix_matching": [[[0.0], [0.02]], [[0.0], [0.05]], [[0.0], [0.3]], [[0.0], [0.5]], [[0.0], [0.52]]]}
+    assert phase_change_step(hist) == 20  # 0.3 is the first past 0.02 + (0.52 - 0.02) / 2
+    assert phase_change_step(hist, frac=0.9) == 30
+    with pytest.raises(ValueError, match="never rises"):
+        phase_change_step(hist, layer=0)
+    with pytest.raises(KeyError, match="available"):
+        phase_change_step(hist, key="copying")
+    t = torch.tensor([5, 1, 2, 3, 4, 9, 9, 1, 2, 3, 4, 7])
+    assert repeated_spans(t, min_len=3) == [(1, 7, 4)]  # maximal only: (2, 8, 3) is inside it
+    assert repeated_spans(t, min_len=3, min_gap=7) == []
+
+
+def test_loss_at_positions_matches_the_full_loss(tiny_model):
+    from attncircuits.scores import loss_at_positions
+
+    toks = torch.randint(0, 50, (7, 16), generator=torch.Generator().manual_seed(4))
+    full = loss_fn(tiny_model(toks), toks, per_token=True).mean(0).detach()
+    torch.testing.assert_close(loss_at_positions(tiny_model, toks, [15, 2, 1], chunk=3), full[[14, 1, 0]])
+    with pytest.raises(ValueError, match="positions must lie in 1..15"):
+        loss_at_positions(tiny_model, toks, [0])
+    with pytest.raises(ValueError, match="positions must lie in 1..15"):
+        loss_at_positions(tiny_model, toks, [16])

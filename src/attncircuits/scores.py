@@ -284,10 +284,10 @@ class RepeatedLossCurve:
 
 @torch.no_grad()
 def per_position_loss(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 64, **forward_kwargs
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 32, **forward_kwargs
 ) -> Float[Tensor, "target"]:
     """Mean next-token loss at each position over the batch; entry ``t`` predicts token ``t + 1``.
-    Rows run ``chunk`` at a time (the logits of 64 x 128 tokens are 64 MB); ``forward_kwargs``
+    Rows run ``chunk`` at a time (the logits of 32 x 128 tokens are 32 MB); ``forward_kwargs``
     (``ablate=``, ``patterns=``) go to the model and must not depend on the batch."""
     tokens = model.check_tokens(tokens)
     total = torch.zeros(tokens.shape[1] - 1)
@@ -337,8 +337,30 @@ def in_context_learning_score(
     scaled to this model's context (``icl_positions``: 125 and 12 for n_ctx=128). Losses are means
     over ``tokens``' rows at those target positions.
     """
-    _icl_check(model.cfg.n_ctx, tokens.shape[-1], late, early)
-    return icl_score_from_loss(per_position_loss(model, tokens), model.cfg.n_ctx, late, early)
+    late, early = _icl_check(model.cfg.n_ctx, tokens.shape[-1], late, early)
+    loss_late, loss_early = loss_at_positions(model, tokens, [late, early])
+    return (loss_late - loss_early).item()
+
+
+@torch.no_grad()
+def loss_at_positions(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], positions: Sequence[int], chunk: int = 64
+) -> Float[Tensor, " k"]:
+    """Mean loss of predicting the token at each of ``positions`` (1..n-1), over the batch.
+
+    Only those positions are unembedded (``resid[-1] @ W_U``), which is most of a forward pass's
+    cost in these models (``d_vocab`` = 16 x ``d_model``): the in-context-learning score over
+    thousands of windows then takes seconds."""
+    tokens = model.check_tokens(tokens)
+    pos = torch.as_tensor(list(positions), dtype=torch.long)
+    if len(pos) == 0 or pos.min() < 1 or pos.max() >= tokens.shape[1]:
+        raise ValueError(f"positions must lie in 1..{tokens.shape[1] - 1} (a target needs a token before it), got {pos.tolist()}")
+    total = torch.zeros(len(pos))
+    for rows in tokens.split(chunk):
+        _, cache = model.run_with_cache(rows)
+        logp = (cache.resid[-1][:, pos - 1] @ model.W_U).log_softmax(-1)  # [batch, k, d_vocab]
+        total += -logp.gather(-1, rows[:, pos, None])[..., 0].sum(0).cpu()
+    return total / tokens.shape[0]
 
 
 def _icl_check(n_ctx: int, n: int, late: int | None, early: int | None) -> tuple[int, int]:
@@ -488,13 +510,18 @@ def repeated_spans(tokens: Int[Tensor, " pos"], min_len: int = 4, min_gap: int =
     return sorted(out, key=lambda s: (-s[2], s[0]))
 
 
-def phase_change_step(history: dict, key: str = "prefix_matching", layer: int = 1) -> int:
-    """The training step at which the best ``layer`` head's ``key`` score (default: prefix matching)
-    rises fastest between two evaluations: the end of that steepest interval."""
+def phase_change_step(history: dict, key: str = "prefix_matching", layer: int = 1, frac: float = 0.5) -> int:
+    """The first evaluated training step at which the best ``layer`` head's ``key`` score (default:
+    prefix matching) has covered ``frac`` of its rise from the first evaluation to the last: the
+    midpoint of the phase change. A midpoint is steadier than the steepest step between two noisy
+    evaluations, and for an S-shaped rise it is the same moment."""
     if key not in history or "step" not in history:
         raise KeyError(f"history has no {key!r} or 'step' column; available: {sorted(history)}")
-    best = [max(v[layer]) if v is not None else float("nan") for v in history[key]]
-    rises = torch.tensor(best).diff()
-    if not len(rises) or torch.isnan(rises).all():
-        raise ValueError(f"history has fewer than two {key!r} evaluations; nothing to locate")
-    return int(history["step"][int(torch.nan_to_num(rises, nan=-float('inf')).argmax()) + 1])
+    if not 0 < frac < 1:
+        raise ValueError(f"frac={frac} must be between 0 and 1 (0.5: the midpoint of the rise)")
+    best = [max(v[layer]) for v in history[key] if v is not None]
+    steps = [s for s, v in zip(history["step"], history[key]) if v is not None]
+    if len(best) < 2 or best[-1] <= best[0]:
+        raise ValueError(f"the best layer-{layer} {key!r} score never rises in this history; there is no phase change to locate")
+    level = best[0] + frac * (best[-1] - best[0])
+    return next(s for s, b in zip(steps, best) if b >= level)
