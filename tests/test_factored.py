@@ -179,7 +179,7 @@ def test_mean_attention_by_offset():
 def test_positional_heads_found_from_weights():
     """Plant a previous-token head and a current-token head in W_Q/W_K via W_pos; find both."""
     torch.manual_seed(0)
-    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=3, d_head=32, d_vocab=20, n_ctx=16)
+    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=32, d_vocab=20, n_ctx=32)
     m = AttnOnlyTransformer(cfg)
     P = m.W_pos
     shift = torch.linalg.lstsq(P[1:], P[:-1]).solution  # P[i] @ shift ≈ P[i-1]
@@ -190,10 +190,15 @@ def test_positional_heads_found_from_weights():
         m.blocks[0].W_Q[1] = 40 * shift
         m.blocks[0].W_K[1] = torch.eye(32)  # previous token: q_i ≈ P[i-1]
         m.blocks[0].W_Q[2] = 0.0  # uniform head
+        m.blocks[0].W_Q[3] = 2.5 * (torch.eye(32) + shift)  # blurred: the current and the previous token
+        m.blocks[0].W_K[3] = torch.eye(32)
     found = positional_heads(m, 0)
     assert found[0][0] == "current" and found[0][1] > 0.9
     assert found[1][0] == "previous" and found[1][1] > 0.9
+    assert found[3][0] == "recent" and found[3][1] > 0.5
     assert 2 not in found
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        positional_heads(m, 0, window=0)
     # and the pattern of the real forward pass agrees (W_E is zero, so positions are all there is)
-    _, cache = m.run_with_cache(torch.arange(16)[None] % 20)
+    _, cache = m.run_with_cache(torch.arange(32)[None] % 20)
     torch.testing.assert_close(cache.pattern[0][0], positional_attention(m, 0), rtol=1e-4, atol=1e-5)

@@ -88,6 +88,10 @@ def test_planted_skip_trigrams_found_and_used():
     assert eff.shape == (4, 6)
     assert (eff[:2] > 2).all()  # the planted triples raise their output
     assert eff[2].abs().max() < 0.5 and eff[3].abs().max() < 0.5  # wrong source / wrong destination do not
+    near = skip_trigram_effects(m, torch.tensor([[1, 2, 4]]), contexts, gap=1)
+    assert (near > 2).all()
+    with pytest.raises(ValueError, match=r"gap must be in 1\.\.9"):
+        skip_trigram_effects(m, torch.tensor([[1, 2, 4]]), contexts, gap=10)
 
 
 def test_bug_finder_on_planted_head():
@@ -118,9 +122,12 @@ def test_copying_summary_on_copying_and_anticopying_heads():
 
 def test_copying_summary_matches_dense(model):
     cs = copying_summary(model, 1, k=5, n_shuffles=5)
-    ov = full_ov_circuit(model, 1).dense()
-    dense_eig = torch.linalg.eigvals(ov.double())
-    torch.testing.assert_close(cs.eigen_score, eigen_copying_score(dense_eig).float(), rtol=1e-3, atol=1e-3)
+    raw = full_ov_circuit(model, 1).dense()
+    ov = raw - raw.mean(-1, keepdim=True)  # rows centred over the outputs
+    for dense, ours in [(ov, cs.eigen_score), (raw, cs.eigen_score_raw)]:
+        want = eigen_copying_score(torch.linalg.eigvals(dense.double())).float()
+        torch.testing.assert_close(ours, want, rtol=1e-3, atol=1e-3)
+    assert (cs.eigen_score - cs.eigen_score_raw).abs().max() > 0.01  # centring changes the spectrum
     z = (ov.diagonal(dim1=-2, dim2=-1) - ov.mean(-1)) / ov.std(-1, unbiased=False)
     torch.testing.assert_close(cs.diagonal_z, z.mean(-1), rtol=1e-3, atol=1e-3)
     self_top = (ov.topk(5, dim=-1).indices == torch.arange(50)[:, None]).any(-1).float().mean(-1)

@@ -42,9 +42,10 @@ __all__ = [
 ]
 
 #: ``dense()`` refuses to build a product larger than this without ``allow_large=True``.
-#: 64 MiB holds one head's ``d_vocab x d_vocab`` circuit at d_vocab 2048 (16 MiB) but not a
-#: GPT-2-sized one (50257**2 floats = 9.4 GiB), which is where an accidental dense product hurts.
-DENSE_LIMIT_BYTES = 64 * 2**20
+#: 32 MiB holds one head's ``d_vocab x d_vocab`` circuit at d_vocab 2048 (16 MiB), but not a whole
+#: layer's (4 heads: 64 MiB) nor one head of a GPT-2-sized vocabulary (50257**2 floats = 9.4 GiB),
+#: which is where an accidental dense product hurts.
+DENSE_LIMIT_BYTES = 32 * 2**20
 
 
 def _fmt_bytes(n: float) -> str:
@@ -385,17 +386,25 @@ def positional_attention(model: AttnOnlyTransformer, layer: int, n_pos: int | No
 
 
 def positional_heads(
-    model: AttnOnlyTransformer, layer: int, threshold: float = 0.5, n_pos: int | None = None
+    model: AttnOnlyTransformer, layer: int, threshold: float = 0.5, window: int = 3, n_pos: int | None = None
 ) -> dict[int, tuple[str, float]]:
-    """Heads whose positional pattern (from ``W_pos`` alone) puts more than ``threshold`` of the
-    attention, averaged over query positions, on the current (offset 0) or previous (offset 1) token.
+    """Heads that attend by position, found from ``W_pos`` alone (the causal softmax of the
+    position-position scores, averaged over query positions).
 
-    Returns ``{head: ("current" | "previous", mean attention at that offset)}``.
+    A head is a ``"current"`` or ``"previous"`` token head when more than ``threshold`` of that
+    attention sits at offset 0 or 1 alone, and a ``"recent"`` head when more than ``threshold`` sits on
+    the last ``window`` tokens together (offsets ``0..window-1``). Returns ``{head: (kind, attention
+    there)}``; heads that attend by token content are not listed.
     """
-    prof = mean_attention_by_offset(positional_attention(model, layer, n_pos)[None], max_offset=1)
+    if window < 1:
+        raise ValueError(f"window must be at least 1 token, got {window}")
+    prof = mean_attention_by_offset(positional_attention(model, layer, n_pos)[None], max_offset=window - 1)
     found = {}
     for h in range(model.cfg.n_heads):
-        off = int(prof[h].argmax())
-        if prof[h, off] > threshold:
-            found[h] = (("current", "previous")[off], float(prof[h, off]))
+        if prof[h, 0] > threshold:
+            found[h] = ("current", float(prof[h, 0]))
+        elif prof.shape[1] > 1 and prof[h, 1] > threshold:
+            found[h] = ("previous", float(prof[h, 1]))
+        elif prof[h].sum() > threshold:
+            found[h] = ("recent", float(prof[h].sum()))
     return found

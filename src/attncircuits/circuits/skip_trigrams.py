@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
-from ..data import token_id, token_str
+from ..data import check_token_ids, token_id, token_str
 from ..model import AttnOnlyTransformer
 from .factored import FactoredMatrix, full_ov_circuit, full_qk_circuit
 
@@ -80,12 +80,15 @@ def resolve_tokens(tokenizer, tokens, d_vocab: int) -> Int[Tensor, " n"]:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def frequent_tokens(tokenizer, n: int, words_only: bool = True, min_chars: int = 2) -> Int[Tensor, " n"]:
+def frequent_tokens(
+    tokenizer, n: int, words_only: bool = True, min_chars: int = 2, spaced: bool = False
+) -> Int[Tensor, " n"]:
     """The ``n`` most frequent tokens of the training text, for readable heatmaps and tables.
 
     With ``words_only``, only tokens that are a word (letters, optionally after one leading space)
-    of at least ``min_chars`` letters, e.g. ``·self`` or ``return``. Counts come from the shipped
-    training-split bigram counts.
+    of at least ``min_chars`` letters, e.g. ``·self`` or ``return``; with ``spaced`` too, only those
+    with the leading space (whole words of running text, not pieces of longer ones). Counts come
+    from the shipped training-split bigram counts.
     """
     from ..pretrained import load_train_bigram_counts
 
@@ -94,8 +97,10 @@ def frequent_tokens(tokenizer, n: int, words_only: bool = True, min_chars: int =
     freq = torch.zeros(V, dtype=torch.long).index_add_(0, prev, count)
     picked = []
     for t in freq.argsort(descending=True).tolist():
-        word = tokenizer.decode([t])
-        word = word.removeprefix(" ")
+        text = tokenizer.decode([t])
+        word = text.removeprefix(" ")
+        if spaced and word == text:
+            continue
         if not words_only or (word.isascii() and word.isalpha() and len(word) >= min_chars):
             picked.append(t)
         if len(picked) == n:
@@ -215,24 +220,32 @@ def skip_trigram_effects(
     triples: Int[Tensor, "n 3"],
     contexts: Int[Tensor, "c pos"],
     seed: int = 0,
+    gap: int | None = None,
 ) -> Float[Tensor, "n c"]:
     """How much putting the source before the destination raises the output's log-probability.
 
     For each ``(source, destination, output)`` and each context window of real text: the last token
-    is set to the destination, one earlier position (random, fixed by ``seed``) to the source, and the
-    model's ``log p(output)`` at the last position is compared with the same text where that position
-    keeps its original token. Returns the rise in nats, ``[n_triples, n_contexts]``.
+    is set to the destination, one earlier position to the source, and the model's ``log p(output)``
+    at the last position is compared with the same text where that position keeps its original
+    token. The source goes ``gap`` positions before the destination, or, by default, at a random
+    position (fixed by ``seed``): the weights-only score ignores positions, but a head that prefers
+    recent tokens only finds a source that is near. Returns the rise in nats, ``[n_triples, n_contexts]``.
     """
     triples = torch.as_tensor(triples).long()
     contexts = model.check_tokens(contexts)
     if triples.ndim != 2 or triples.shape[1] != 3:
         raise ValueError(f"triples must be [n, 3] (source, destination, output), got {tuple(triples.shape)}")
-    model.check_tokens(triples.flatten())
+    check_token_ids(triples, model.cfg.d_vocab)
     n, (c, L) = len(triples), contexts.shape
     if L < 3:
         raise ValueError(f"context windows need at least 3 tokens, got {L}")
-    g = torch.Generator().manual_seed(seed)
-    pos = torch.randint(1, L - 1, (c,), generator=g)  # never the first token, never the destination
+    if gap is None:
+        g = torch.Generator().manual_seed(seed)
+        pos = torch.randint(1, L - 1, (c,), generator=g)  # never the first token, never the destination
+    elif 1 <= gap <= L - 1:
+        pos = torch.full((c,), L - 1 - gap)
+    else:
+        raise ValueError(f"gap must be in 1..{L - 1} for context windows of {L} tokens, got {gap}")
     clean = contexts[None].repeat(n, 1, 1)  # [n, c, L]
     clean[:, :, -1] = triples[:, 1:2]
     with_src = clean.clone()
@@ -260,8 +273,9 @@ class CopyingSummary:
     """Per head of one layer: the eigenvalue summary and the two alternatives the paper mentions."""
 
     layer: int
-    eigenvalues: Complex[Tensor, "head d_head"]
-    eigen_score: Float[Tensor, " head"]  # Σλ / Σ|λ|
+    eigenvalues: Complex[Tensor, "head d_head"]  # of the OV circuit with W_U centred over the vocabulary
+    eigen_score: Float[Tensor, " head"]  # Σλ / Σ|λ| of those
+    eigen_score_raw: Float[Tensor, " head"]  # Σλ / Σ|λ| without centring (the shared logit shift included)
     shuffled_max: Float[Tensor, " head"]  # max |Σλ/Σ|λ|| with the output tokens shuffled (no copying possible)
     diagonal_z: Float[Tensor, " head"]  # mean over tokens of (OV[t, t] − row mean) / row std
     self_topk: Float[Tensor, " head"]  # fraction of tokens whose own logit is in their row's top k
@@ -283,27 +297,33 @@ def copying_summary(
     layer: int,
     k: int = 10,
     tokens: Int[Tensor, " n"] | None = None,
-    n_shuffles: int = 20,
+    n_shuffles: int = 50,
     seed: int = 0,
 ) -> CopyingSummary:
     """Eigenvalue copying scores of every head of ``layer``, with a shuffled baseline and the two
     alternatives: the diagonal of the OV circuit and top-``k`` self-prediction.
 
-    Significance: shuffling the columns of ``W_U`` keeps every norm and the eigenvalues' spread but
-    makes "output the same token" meaningless, so a head copies if its summary beats the largest
-    ``|Σλ/Σ|λ||`` over ``n_shuffles`` shuffles. Everything goes through the factors: eigenvalues from the
-    ``d_head x d_head`` product, the diagonal and row statistics from ``A``, ``B`` and ``B Bᵀ``, the top-``k``
-    a block of rows at a time.
+    Centring: a softmax ignores a shift shared by all logits, so each OV row is centred over the
+    outputs (``W_U`` minus its mean column, as TransformerLens does by default) before the
+    eigenvalues are taken. Without it, the direction shared by all embeddings maps onto the one
+    shared by all unembeddings and adds a large eigenvalue that moves every logit alike
+    (``eigen_score_raw`` keeps that version for comparison). Significance: shuffling the output tokens
+    keeps every norm but makes "output the same token" meaningless, so a head copies if its summary
+    beats the largest ``|Σλ/Σ|λ||`` over ``n_shuffles`` shuffles. Everything goes through the factors:
+    eigenvalues from the ``d_head x d_head`` product, the diagonal and row statistics from ``A``, ``B`` and
+    ``B Bᵀ``, the top-``k`` a block of rows at a time.
     """
     if model.cfg.n_layers == 0:
         raise ValueError("this model has no attention layers (n_layers=0), so it has no OV circuits")
     model.check_head(layer, 0)
-    ov = full_ov_circuit(model, layer)
+    raw = full_ov_circuit(model, layer)
+    ov = raw.centered(-1)
     if tokens is not None:
         tokens = torch.as_tensor(tokens).long()
-        ov = ov.restrict(tokens, tokens)
+        raw, ov = raw.restrict(tokens, tokens), ov.restrict(tokens, tokens)
     eig = ov.eigenvalues()
     score = eigen_copying_score(eig)
+    score_raw = eigen_copying_score(raw.eigenvalues())
     g = torch.Generator().manual_seed(seed)
     shuffled = []
     for _ in range(n_shuffles):
@@ -318,7 +338,7 @@ def copying_summary(
     diag_z = ((ov.diag()[..., None] - row_mean) / row_std)[..., 0].mean(-1)
     _, top = ov.topk_per_row(k)
     self_topk = (top == torch.arange(ov.ldim)[:, None]).any(-1).float().mean(-1)
-    return CopyingSummary(layer, eig, score, shuffled_max, diag_z, self_topk, k)
+    return CopyingSummary(layer, eig, score, score_raw, shuffled_max, diag_z, self_topk, k)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -392,10 +412,13 @@ def find_skip_trigram_bugs(
     for h in range(model.cfg.n_heads):
         C = counts[dest[h][:, :, None], out[h][:, None, :]]  # [S, k_dest, k_out]
         seen, never = C >= min_count, C == 0
+        cand = (seen.flatten(1).sum(1) >= 2).nonzero()[:, 0]  # a bug needs two seen pairs
+        seen, never = seen[cand], never[cand]
         # bug[s, i, j, a, b]: bigrams d_i o_j and d_a o_b seen, d_i o_b and d_a o_j never
         bug = seen[:, :, :, None, None] & seen[:, None, None, :, :]
         bug &= never[:, :, None, None, :] & never.transpose(-2, -1)[:, None, :, :, None]
         s, i, j, a, b = bug.nonzero().unbind(-1)
+        s = cand[s]
         pred = attn[h, s, i] * ov_v[h, s, b]  # the unwanted rise of o_b after s … d_i
         # keep the best supporting pair per unwanted (source, destination, output), best n of those
         order = pred.argsort(descending=True)
