@@ -332,6 +332,14 @@ def test_next_token_explorer_first_state_and_typing(tokenizer, capsys):
         ex.type_token("antidisestablishmentarianism")
     with pytest.raises(ValueError, match="at least one table"):
         next_token_explorer(tokenizer, {}, [5])
+    # the live controls' text box (built here without a kernel): a typed token redraws, a bad one
+    # shows the error message instead
+    box = ex._build_widget()
+    text = box.children[1]
+    text.value = "·in"
+    assert ex.values["token"] == data.token_id(tokenizer, "·in") and ex.message.value == ""
+    text.value = "antidisestablishmentarianism"
+    assert ex.values["token"] == data.token_id(tokenizer, "·in") and "not a single token" in ex.message.value
 
 
 # ---- the shipped model (a named check; skipped until it is trained) -----------------------------
