@@ -338,6 +338,7 @@ def test_next_token_explorer_first_state_and_typing(tokenizer, capsys):
     text = box.children[1]
     text.value = "·in"
     assert ex.values["token"] == data.token_id(tokenizer, "·in") and ex.message.value == ""
+    assert ex.dropdown.value == data.token_id(tokenizer, "·in")  # and it joined the dropdown
     text.value = "antidisestablishmentarianism"
     assert ex.values["token"] == data.token_id(tokenizer, "·in") and "not a single token" in ex.message.value
 

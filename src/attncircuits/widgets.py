@@ -177,18 +177,26 @@ class NextTokenExplorer(Explorer):
     """
 
     def __init__(self, draw, options, tokenizer, d_vocab: int, initial=None, title=None):
-        super().__init__(draw, {"token": options}, initial, title)
+        super().__init__(draw, {"token": list(options)}, initial, title)
         self.tokenizer, self.d_vocab = tokenizer, d_vocab
         self.message = None  # an ipywidgets.HTML for typing errors, when interactive
+        self.dropdown = None  # the token dropdown, when interactive
 
     def type_token(self, token: int | str) -> None:
         """Resolve ``token`` (an id or a one-token string, ``·`` for a space) and redraw for it."""
         from .circuits.bigrams import resolve_token
+        from .data import token_str
 
         tid = resolve_token(self.tokenizer, token, self.d_vocab)
-        if tid not in self.options["token"]:
-            self.options["token"].append(tid)  # typed tokens become valid values of the control
-        self.redraw(token=tid)
+        if tid not in self.options["token"]:  # a typed token joins the dropdown's options
+            self.options["token"].append(tid)
+            self.controls["token"].append((token_str(self.tokenizer, tid), tid))
+            if self.dropdown is not None:
+                self.dropdown.options = list(self.controls["token"])
+        if self.dropdown is not None and self.dropdown.value != tid:
+            self.dropdown.value = tid  # the dropdown's observer redraws
+        else:
+            self.redraw(token=tid)
 
     def _build_widget(self):
         import html
@@ -196,6 +204,7 @@ class NextTokenExplorer(Explorer):
         import ipywidgets as W
 
         box = super()._build_widget()
+        self.dropdown = box.children[-1].children[0]
         text = W.Text(placeholder="e.g. ·self  (· is a space)", description="or type", continuous_update=False)
         self.message = W.HTML()
 
