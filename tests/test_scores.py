@@ -392,3 +392,16 @@ def test_loss_at_positions_matches_the_full_loss(tiny_model):
         loss_at_positions(tiny_model, toks, [0])
     with pytest.raises(ValueError, match="positions must lie in 1..15"):
         loss_at_positions(tiny_model, toks, [16])
+
+
+def test_per_token_loss_and_icl_per_row(tiny_model):
+    from attncircuits.scores import icl_score_from_loss, icl_scores_per_row, per_token_loss
+
+    toks = torch.randint(0, 50, (9, 16), generator=torch.Generator().manual_seed(5))
+    nll = per_token_loss(tiny_model, toks, chunk=4)
+    torch.testing.assert_close(nll, loss_fn(tiny_model(toks), toks, per_token=True).detach())
+    rows = icl_scores_per_row(nll, 16)
+    assert rows.shape == (9,)
+    assert rows.mean().item() == pytest.approx(icl_score_from_loss(nll.mean(0), 16), abs=1e-5)
+    with pytest.raises(ValueError, match="outside the sequence"):
+        icl_scores_per_row(nll[:, :5], 16)
