@@ -188,6 +188,10 @@ def test_no_page_or_stylesheet_loads_from_the_network(smoke_site):
         for m in re.finditer(r"(@import|url\()\s*['\"]?\s*(https?:)?//[^'\")\s;]+", c.read_text(errors="replace"))
     ]
     assert not css_external, f"stylesheets load from other hosts: {css_external}"
+    # thebe (live cells on a remote kernel) is off: its script, which would fetch thebe from a CDN
+    # when started, and that CDN address are left out of the pages.
+    thebe = [str(p.relative_to(html_dir)) for p in pages if "sphinx-thebe" in p.read_text() or "THEBE_JS_URL" in p.read_text()]
+    assert not thebe, f"pages still carry sphinx-thebe's assets: {thebe}"
 
 
 def test_every_toc_page_is_built(smoke_site):

@@ -6,7 +6,10 @@ embed manager are not committed; ``make book-assets`` brings them from the npm r
 
 * stops the build, with the command to run, when those files have not been fetched, and
 * after the build, warns (an error under ``-W``) for every page that would still load a script,
-  stylesheet, font or frame from ``http(s)://`` when opened.
+  stylesheet, font or frame from ``http(s)://`` when opened, and
+* leaves out sphinx-thebe's script, stylesheet and CDN address from every page while thebe (live
+  code cells on a remote kernel) is off, as it is in ``_config.yml``: Jupyter Book always loads
+  the extension, but with no thebe button nothing would ever use them.
 """
 
 from __future__ import annotations
@@ -80,7 +83,30 @@ def _scan_output(app: Sphinx, exception: Exception | None) -> None:
             logger.warning(f"{path.relative_to(out)} loads {url}; the book must work offline")
 
 
+def _thebe_enabled(config: Config) -> bool:
+    launch = (config.html_theme_options or {}).get("launch_buttons") or {}
+    thebe = getattr(config, "thebe_config", None)
+    return bool(launch.get("thebe")) or (isinstance(thebe, dict) and bool(thebe.get("always_load")))
+
+
+def _is_thebe_asset(asset) -> bool:
+    name = Path(str(getattr(asset, "filename", "") or "")).name
+    body = str((getattr(asset, "attributes", None) or {}).get("body", ""))
+    return name.startswith("sphinx-thebe") or "THEBE_JS_URL" in body
+
+
+def _drop_unused_thebe(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Remove thebe's assets from this page (Sphinx restores the lists after each page)."""
+    if _thebe_enabled(app.config):
+        return
+    for key in ("script_files", "css_files"):
+        files = context.get(key)
+        if isinstance(files, list):
+            files[:] = [f for f in files if not _is_thebe_asset(f)]
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _check_assets, priority=900)
+    app.connect("html-page-context", _drop_unused_thebe, priority=900)
     app.connect("build-finished", _scan_output)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
