@@ -14,6 +14,7 @@ MATHJAX_NPM ?= mathjax@3.2.2
 WIDGETS_NPM ?= @jupyter-widgets/html-manager@1.0.15
 VENDOR ?= book/_static/vendor
 NPM ?= npm
+ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGETS_NPM)))
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
@@ -34,9 +35,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 book: venv book-assets
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
-book-assets: $(VENDOR)/.fetched
+book-assets: $(ASSETS_STAMP)
 
-$(VENDOR)/.fetched: Makefile
+# The stamp names the pinned versions: changing a pin refetches, anything else reuses the copy.
+$(ASSETS_STAMP):
 	@command -v $(NPM) >/dev/null || { echo "npm is needed to fetch MathJax and the widget manager for the offline book: run 'apt-get install -y npm' (or install Node.js), then 'make book' again." >&2; exit 1; }
 	rm -rf $(VENDOR) $(VENDOR).tmp && mkdir -p $(VENDOR).tmp/mathjax $(VENDOR).tmp/html-manager
 	cd $(VENDOR).tmp && $(NPM) pack --silent $(MATHJAX_NPM) $(WIDGETS_NPM) >/dev/null
