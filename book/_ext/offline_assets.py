@@ -7,6 +7,9 @@ embed manager are not committed; ``make book-assets`` brings them from the npm r
 * stops the build, with the command to run, when those files have not been fetched, and
 * after the build, warns (an error under ``-W``) for every page that would still load a script,
   stylesheet, font or frame from ``http(s)://`` when opened, and
+* copies ``book/_static`` (the CSS, the fetched assets) into the site even when no page changed:
+  Sphinx skips its static-file step when nothing is outdated, so a new stylesheet or a refetched
+  MathJax would otherwise not reach ``_build/html`` until some page changed; and
 * leaves out sphinx-thebe's script, stylesheet and CDN address from every page while thebe (live
   code cells on a remote kernel) is off, as it is in ``_config.yml``: Jupyter Book always loads
   the extension, but with no thebe button nothing would ever use them.
@@ -21,6 +24,8 @@ from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
 from sphinx.util import logging
+from sphinx.util.fileutil import copy_asset
+from sphinx.util.matching import Matcher
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +75,24 @@ def _check_assets(app: Sphinx, config: Config) -> None:
             )
 
 
+def _note_page_written(app: Sphinx, *args) -> None:
+    app._offline_assets_pages_written = True  # this build wrote a page
+
+
+def _refresh_static(app: Sphinx) -> None:
+    """Copy html_static_path into _static/ when Sphinx skipped it (no page was written)."""
+    if getattr(app, "_offline_assets_pages_written", False):
+        return
+    excluded = Matcher([*app.config.exclude_patterns, "**/.*"])
+    for entry in app.config.html_static_path:
+        copy_asset(Path(app.confdir, entry), Path(app.outdir, "_static"), excluded)
+
+
 def _scan_output(app: Sphinx, exception: Exception | None) -> None:
     """Warn for every built page or stylesheet that loads something from another host."""
     if exception is not None or app.builder is None or app.builder.format != "html":
         return
+    _refresh_static(app)
     out = Path(app.outdir)
     for path in sorted(out.rglob("*.html")):
         for url in external_loads(path.read_text(encoding="utf-8", errors="replace")):
@@ -108,5 +127,6 @@ def _drop_unused_thebe(app: Sphinx, pagename: str, templatename: str, context: d
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _check_assets, priority=900)
     app.connect("html-page-context", _drop_unused_thebe, priority=900)
+    app.connect("html-page-context", _note_page_written)
     app.connect("build-finished", _scan_output)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
