@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
-from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, load_validation_tokens
+from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, validation_windows
 from attncircuits.scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
 
 
@@ -15,9 +15,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def val_windows():
-    val = load_validation_tokens()
-    n = 128
-    return val[: len(val) // n * n].view(-1, n)[::8]  # ~320 disjoint windows, every 8th
+    return validation_windows()[::8]  # ~320 disjoint windows of 128 tokens, every 8th
 
 
 def test_total_size_fits_in_git():

@@ -123,3 +123,15 @@ def test_one_and_two_layer_presets_share_one_recipe():
     assert recipe("attn-only-1l") == recipe("attn-only-2l")  # they differ in depth only
     _, zero = recipe("attn-only-0l")
     assert zero.repeat_frac == zero.random_repeat_frac == 0.0  # plain text: no context to use
+
+
+def test_validation_windows():
+    from attncircuits.pretrained import load_validation_tokens, validation_windows
+
+    val = load_validation_tokens()
+    every = validation_windows(n_ctx=64)
+    assert every.shape == (len(val) // 64, 64) and torch.equal(every[1], val[64:128])
+    spread = validation_windows(5, n_ctx=64)
+    assert torch.equal(spread[0], every[0]) and torch.equal(spread[-1], every[-1])
+    with pytest.raises(ValueError, match="n_windows must be between 1 and"):
+        validation_windows(10**6)

@@ -191,6 +191,18 @@ def load_validation_tokens() -> torch.Tensor:
     return torch.from_numpy(np_load_file(CORPUS_DIR / "val_tokens.safetensors")["tokens"].astype(np.int64))
 
 
+def validation_windows(n_windows: int | None = None, n_ctx: int = 128) -> torch.Tensor:
+    """The validation split cut into disjoint ``[n_windows, n_ctx]`` windows; with ``n_windows``,
+    that many spread evenly over the split (so every part of the split is represented)."""
+    tokens = load_validation_tokens()
+    windows = tokens[: len(tokens) // n_ctx * n_ctx].view(-1, n_ctx)
+    if n_windows is None:
+        return windows
+    if not 1 <= n_windows <= len(windows):
+        raise ValueError(f"n_windows must be between 1 and {len(windows)} for n_ctx={n_ctx}, got {n_windows}")
+    return windows[torch.linspace(0, len(windows) - 1, n_windows).long()]
+
+
 def load_train_bigram_counts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training split's bigram counts as sparse (prev, next, count) arrays."""
     verify_manifest(CORPUS_DIR)
