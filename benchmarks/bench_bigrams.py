@@ -2,49 +2,28 @@
 
     python benchmarks/bench_bigrams.py [--repeats 3] [--threads N]
 
-Uses the shipped ``attn-only-0l`` model when it exists, otherwise a random model of the same shape
-(the timings depend on shapes only), and the shipped training-split bigram counts. Prints the best
+Uses the shipped ``attn-only-0l`` model and the shipped training-split bigram counts. Prints the best
 of ``--repeats`` runs per step (wall clock, and CPU time summed over threads, which other busy
 programs on the machine do not inflate) and exits with status 1 if any step takes 1 s or more.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 import torch
+from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
 from attncircuits.circuits import bigrams as B
-from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, load_validation_tokens
+from attncircuits.pretrained import load_train_bigram_counts, load_validation_tokens
 
 LIMIT_S = 1.0
 
 
-def best_of(fn, repeats: int) -> tuple[float, float, object]:
-    """Best wall-clock and best CPU seconds (all threads) over ``repeats`` runs, and the result."""
-    wall, cpu, out = float("inf"), float("inf"), None
-    for _ in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        out = fn()
-        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
-    return wall, cpu, out
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if (PRETRAINED_DIR / "attn-only-0l" / "manifest.json").is_file():
-        model, source = load_pretrained("attn-only-0l").model, "shipped attn-only-0l"
-    else:
-        torch.manual_seed(0)
-        model, source = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0)).eval(), "random model of the shipped shape"
+    args = parser(__doc__).parse_args(argv)
+    apply_threads(args)
+    model, source = load_model("attn-only-0l"), "shipped attn-only-0l"
     V = model.cfg.d_vocab
     prev, nxt, cnt = load_train_bigram_counts()
     val = load_validation_tokens()

@@ -9,53 +9,30 @@ Composition scores are computed on the factors (``FactoredMatrix``): every produ
 (patterns frozen there) and unembeds three partial residual streams; the direct path's loss comes
 from the ``W_E W_U`` table. Also times the 2-layer path expansion on 8 windows.
 
-Uses the shipped model when it exists, otherwise a random model of the same shape (the timings
-depend on shapes only). Prints the best of ``--repeats`` runs per step, wall-clock and CPU seconds
+Uses the shipped model. Prints the best of ``--repeats`` runs per step, wall-clock and CPU seconds
 (on a busy machine, run with ``--threads 1`` and read the CPU column), and exits with status 1 if
 a target is missed on the wall clock.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
-import time
 
 import torch
+from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
 from attncircuits.circuits import composition_scores, term_importance, two_layer_path_expansion
-from attncircuits.pretrained import PRETRAINED_DIR, load_validation_tokens
-
-
-def best_of(fn, repeats: int) -> tuple[float, float, object]:
-    """Best wall-clock and best CPU (process) seconds over ``repeats`` runs, and the last result.
-
-    On a busy machine the wall clock includes time spent waiting for a core; the CPU time does
-    not, and with ``--threads 1`` it is what the step takes on an idle core."""
-    best_wall, best_cpu, out = float("inf"), float("inf"), None
-    for _ in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        out = fn()
-        best_wall, best_cpu = min(best_wall, time.perf_counter() - t), min(best_cpu, time.process_time() - c)
-    return best_wall, best_cpu, out
+from attncircuits.pretrained import load_validation_tokens
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__)
     p.add_argument("--model", default="attn-only-2l")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tokens", type=int, default=100_000, help="predicted validation tokens for term importance")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if (PRETRAINED_DIR / args.model / "manifest.json").is_file():
-        model, source = load_pretrained(args.model).model, f"shipped {args.model}"
-    else:
-        torch.manual_seed(0)
-        model, source = AttnOnlyTransformer(AttnOnlyConfig(n_layers=2)).eval(), "random model of the shipped shape"
+    apply_threads(args)
+    model, source = load_model(args.model), f"shipped {args.model}"
     cfg = model.cfg
     val = load_validation_tokens()
     n_windows = math.ceil(args.tokens / (cfg.n_ctx - 1))

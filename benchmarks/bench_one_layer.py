@@ -9,21 +9,18 @@ heads over the whole vocabulary. Both go through the factored circuits: a head's
 top ``k`` as soon as they are built; no ``d_vocab x d_vocab`` matrix is kept. ``--compare-dense``
 also times the dense route for one head (``torch.linalg.eigvals`` of the 2048 x 2048 product).
 
-Uses the shipped model when it exists, otherwise a random model of the same shape (timings depend
-on shapes only). Prints the best of ``--repeats`` runs per step and the process's peak resident
-memory; exits with status 1 if the target is missed.
+Uses the shipped model. Prints the best of ``--repeats`` runs per step (wall clock) and the
+process's peak resident memory; exits with status 1 if the target is missed.
 """
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
-import time
 
 import torch
+from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
 from attncircuits.circuits.bigrams import bigram_count_table
 from attncircuits.circuits.factored import full_ov_circuit
 from attncircuits.circuits.paths import path_expansion
@@ -33,19 +30,10 @@ from attncircuits.circuits.skip_trigrams import (
     find_skip_trigram_bugs,
     top_skip_trigrams,
 )
-from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, load_validation_tokens
+from attncircuits.pretrained import load_train_bigram_counts, load_validation_tokens
 
 LIMIT_S = 2.0
 LIMIT_BYTES = 2 * 2**30
-
-
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def peak_rss_bytes() -> int:
@@ -53,22 +41,12 @@ def peak_rss_bytes() -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__)
     p.add_argument("--model", default="attn-only-1l", help="shipped model name (default attn-only-1l)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--compare-dense", action="store_true", help="also time dense eigenvalues of one head")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if (PRETRAINED_DIR / args.model / "manifest.json").is_file():
-        model, source = load_pretrained(args.model).model, f"shipped {args.model}"
-    else:
-        torch.manual_seed(0)
-        model, source = (
-            AttnOnlyTransformer(AttnOnlyConfig(n_layers=1)).eval(),
-            "random 1-layer model of the shipped shape",
-        )
+    apply_threads(args)
+    model, source = load_model(args.model), f"shipped {args.model}"
     cfg = model.cfg
     counts = bigram_count_table(*load_train_bigram_counts(), cfg.d_vocab)
     text = load_validation_tokens()[: 16 * cfg.n_ctx].view(16, cfg.n_ctx)
@@ -78,7 +56,7 @@ def main(argv=None) -> int:
 
     def run(name, fn, in_target=False):
         nonlocal target
-        s, out = best_of(fn, args.repeats)
+        s, _, out = best_of(fn, args.repeats)
         rows.append((name, s, in_target))
         target += s if in_target else 0.0
         return out

@@ -2,8 +2,7 @@
 
     python benchmarks/bench_scores.py [--repeats 3] [--threads N]
 
-Per model (``attn-only-0l``, ``-1l``, ``-2l``; a random model of the same shape stands in for one
-that is not shipped yet, timings depend on shapes only): previous-token score on 16 windows of
+Per shipped model (``attn-only-0l``, ``-1l``, ``-2l``): previous-token score on 16 windows of
 validation text, prefix-matching (25 random tokens x 4) and copying scores, per-position loss on
 repeated random tokens, the in-context-learning score on 64 validation windows, zero and
 pattern-preserving ablation of each head alone, and (2L) the eigenvalue positivity of the
@@ -13,47 +12,25 @@ step and a total, and exits with status 1 if the total reaches 10 s.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 import torch
+from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
 from attncircuits import scores as S
 from attncircuits.circuits.induction import induction_eigen_positivity
-from attncircuits.pretrained import MODEL_NAMES, PRETRAINED_DIR, load_validation_tokens
+from attncircuits.pretrained import MODEL_NAMES, load_validation_tokens
 
 LIMIT_S = 10.0
 
 
-def best_of(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def load(name: str, n_layers: int) -> tuple[AttnOnlyTransformer, str]:
-    if (PRETRAINED_DIR / name / "manifest.json").is_file():
-        return load_pretrained(name).model, "shipped"
-    torch.manual_seed(0)
-    return AttnOnlyTransformer(AttnOnlyConfig(n_layers=n_layers)).eval(), "random stand-in"
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parser(__doc__).parse_args(argv)
+    apply_threads(args)
     val = load_validation_tokens()
     rows: list[tuple[str, str, float]] = []
     for n_layers, name in enumerate(MODEL_NAMES):
-        model, source = load(name, n_layers)
+        model, source = load_model(name), "shipped"
         n_ctx = model.cfg.n_ctx
         text = val[: 16 * n_ctx].reshape(16, n_ctx)
         icl_text = val[: 64 * n_ctx].reshape(64, n_ctx)
@@ -75,7 +52,7 @@ def main(argv=None) -> int:
             steps["K-composition / OV eigenvalue positivity"] = lambda: induction_eigen_positivity(model)
         with torch.no_grad():
             for step, fn in steps.items():
-                rows.append((f"{name} ({source})", step, best_of(fn, args.repeats)))
+                rows.append((f"{name} ({source})", step, best_of(fn, args.repeats)[0]))
     total = sum(s for *_, s in rows)
     w = max(len(m) for m, *_ in rows)
     print(f"{'model':<{w}}  {'score':<42} {'best s':>8}")
