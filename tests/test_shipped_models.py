@@ -1,10 +1,12 @@
 """The shipped checkpoints meet the targets the course relies on, measured on the shipped files."""
 
+import platform
+
 import pytest
 import torch
 
 from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
-from attncircuits.pretrained import PRETRAINED_DIR, load_train_bigram_counts, validation_windows
+from attncircuits.pretrained import PRETRAINED_DIR, corpus_info, load_train_bigram_counts, validation_windows
 from attncircuits.scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
 
 
@@ -52,3 +54,39 @@ def test_one_layer_model_has_no_induction_heads(models):
     model = models["attn-only-1l"]
     assert prefix_matching_scores(model).max() < 0.2
     assert repeated_token_loss(model).ratio >= 0.8
+
+
+@pytest.mark.skipif(
+    corpus_info()["source"].split()[1] != platform.python_version(),
+    reason="the default corpus is this Python's standard library; the shipped files were made with another",
+)
+def test_training_reproduces_the_shipped_history(monkeypatch):
+    """`make train` is deterministic: rerunning the 2L preset gives the shipped run's first evaluations."""
+    from attncircuits import data
+    from attncircuits import train as T
+    from attncircuits.model import AttnOnlyConfig
+    from attncircuits.pretrained import CORPUS_DIR
+
+    class Stop(Exception):
+        pass
+
+    seen, evaluate = [], T.evaluate
+
+    def first_two(model, batches):
+        out = evaluate(model, batches)
+        seen.append(out["val_loss"])
+        if len(seen) == 2:  # steps 0 and 250
+            raise Stop
+        return out
+
+    monkeypatch.setattr(T, "evaluate", first_two)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the shipped models were trained with --threads 1
+    try:
+        model_kw, train_kw = T.PRESETS["attn-only-2l"]
+        train_tokens, val_tokens, _ = T.corpus_streams(data.load_tokenizer(CORPUS_DIR / "tokenizer.json"))
+        with pytest.raises(Stop):
+            T.train(AttnOnlyConfig(**model_kw), T.TrainConfig(**train_kw), train_tokens, val_tokens, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == load_pretrained("attn-only-2l").history["val_loss"][:2]
