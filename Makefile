@@ -18,7 +18,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train clean venv screenshots
+.PHONY: book book-assets test train bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -79,6 +79,10 @@ train: venv
 	cd src && ../$(PY) -m attncircuits.train --prepare-corpus --preset attn-only-0l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-1l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-2l --threads 1 --overwrite
+
+# Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
+bench: venv
+	for f in benchmarks/report_models.py benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
 clean:
 	rm -rf _build .pytest_cache screenshots $(VENDOR)
