@@ -129,9 +129,10 @@ def path_expansion(
 def path_expansion_error(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> float:
     """Max absolute difference between the path expansion and the model's own forward pass.
 
-    One layer: ``|direct + Σ_h heads − logits|``. Deeper models: the first-layer terms against the
-    forward pass's own pieces, ``|direct − W_E[t] W_U|`` and ``|heads[h] − head_out[0][h] W_U|``
-    (the ``rest`` term is defined as the remainder, so comparing totals would prove nothing).
+    One layer: ``|direct + Σ_h heads − logits|``. Deeper models: each first-layer head term against
+    the forward pass's own head output, ``|heads[h] − head_out[0][h] W_U|``, and the patterns (the
+    ``rest`` term is defined as the remainder, so comparing totals would prove nothing, and the
+    direct path ``W_E[t] W_U`` is the same product on both sides).
     """
     tokens = model.check_tokens(tokens)
     exp = path_expansion(model, tokens)
@@ -141,6 +142,5 @@ def path_expansion_error(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch 
     head_logits = einsum(cache.head_out[0], model.W_U, "b p h dm, dm V -> b p h V")
     return max(
         float((exp.heads - head_logits).abs().max()),
-        float((exp.direct - cache.resid[0] @ model.W_U).abs().max()),
         float((exp.patterns - cache.pattern[0]).abs().max()),
     )
