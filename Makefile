@@ -71,6 +71,7 @@ screenshots:
 	done
 
 test: venv
+	$(VENV)/bin/ruff check src tests benchmarks notebooks book
 	$(PY) -m pytest tests
 	$(PY) -m pytest --nbval-lax notebooks book/reproduces.ipynb
 

@@ -362,8 +362,9 @@ class SkipTrigramBug:
     count22: int  # training count of d2 o2
 
     def describe(self, tokenizer) -> str:
-        t = lambda i: repr(token_str(tokenizer, i))
-        s, d1, o1, d2, o2 = (t(i) for i in (self.source, self.dest1, self.out1, self.dest2, self.out2))
+        s, d1, o1, d2, o2 = (
+            repr(token_str(tokenizer, i)) for i in (self.source, self.dest1, self.out1, self.dest2, self.out2)
+        )
         return (
             f"head {self.layer}.{self.head}: {s} … {d1} → {o1} (bigram seen {self.count11}x) and "
             f"{s} … {d2} → {o2} ({self.count22}x) also give {s} … {d1} → {o2} (never seen), "
