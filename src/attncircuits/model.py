@@ -86,7 +86,7 @@ class Attention(nn.Module):
         self.W_O = nn.Parameter(torch.randn(H, d, D) / math.sqrt(H * d))
         self.register_buffer("mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)), persistent=False)
 
-    def forward(self, resid, pos, layer, cache, pattern_replace, out_replace):
+    def forward(self, resid, pos, cache, pattern_replace, out_replace):
         n = resid.shape[1]
         qk_in = resid + pos[:n]  # positions enter queries and keys only
         q = einsum(qk_in, self.W_Q, "b p dm, h dm dh -> b p h dh")
@@ -192,7 +192,7 @@ class AttnOnlyTransformer(nn.Module):
         for layer, block in enumerate(self.blocks):
             if cache is not None:
                 cache.resid.append(resid)
-            resid = resid + block(resid, self.W_pos, layer, cache, per_layer_pat[layer], per_layer_out[layer])
+            resid = resid + block(resid, self.W_pos, cache, per_layer_pat[layer], per_layer_out[layer])
         if cache is not None:
             cache.resid.append(resid)
         logits = resid @ self.W_U

@@ -170,10 +170,10 @@ def load_pretrained(name: str, device: str | torch.device = "cpu") -> Checkpoint
 
 
 # ---- shipped corpus files ----------------------------------------------------------------------
-def save_corpus_files(tokenizer_path: Path, val_tokens: np.ndarray, train_tokens: np.ndarray, info: dict) -> None:
-    """Ship the tokenized validation split and the training split's bigram counts (sparse)."""
+def save_corpus_files(val_tokens: np.ndarray, train_tokens: np.ndarray, info: dict) -> None:
+    """Ship the tokenized validation split and the training split's bigram counts (sparse), beside
+    the tokenizer already saved in ``CORPUS_DIR``; the manifest covers all of them."""
     CORPUS_DIR.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tokenizer_path, CORPUS_DIR / "tokenizer.json") if Path(tokenizer_path) != CORPUS_DIR / "tokenizer.json" else None
     np_save_file({"tokens": val_tokens.astype(np.uint16)}, CORPUS_DIR / "val_tokens.safetensors")
     pairs = train_tokens[:-1].astype(np.int64) * 65536 + train_tokens[1:].astype(np.int64)
     uniq, counts = np.unique(pairs, return_counts=True)

@@ -123,8 +123,9 @@ def _summary(step: int, ev: dict) -> str:
     return line
 
 
-def corpus_streams(tokenizer) -> tuple[np.ndarray, np.ndarray, data.Corpus]:
-    corpus = data.load_corpus()
+def corpus_streams(tokenizer, corpus: data.Corpus | None = None) -> tuple[np.ndarray, np.ndarray, data.Corpus]:
+    """Training and validation token streams of ``corpus`` (default: the standard-library corpus)."""
+    corpus = corpus or data.load_corpus()
     return data.tokenize_documents(tokenizer, corpus.train), data.tokenize_documents(tokenizer, corpus.validation), corpus
 
 
@@ -190,7 +191,7 @@ def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE) -> Path:
     CORPUS_DIR.mkdir(parents=True, exist_ok=True)
     tok_path = CORPUS_DIR / "tokenizer.json"
     tok.save(str(tok_path))
-    tr, va = data.tokenize_documents(tok, corpus.train), data.tokenize_documents(tok, corpus.validation)
+    tr, va, _ = corpus_streams(tok, corpus)
     info = {
         "source": f"Python {sys.version.split()[0]} standard library (*.py, *.txt; test folders excluded)",
         "train_files": len(corpus.train), "validation_files": len(corpus.validation),
@@ -199,7 +200,7 @@ def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE) -> Path:
         "train_tokens": int(len(tr)), "validation_tokens": int(len(va)), "vocab_size": vocab_size,
         "validation_file_names": [n for n, _ in corpus.validation],
     }
-    save_corpus_files(tok_path, va, tr, info)
+    save_corpus_files(va, tr, info)
     print(f"corpus: {corpus.describe()}; {len(tr):,} + {len(va):,} tokens; tokenizer in {time.time() - t:.1f}s")
     return tok_path
 
@@ -230,7 +231,7 @@ def main(argv=None) -> None:
         tok = data.train_tokenizer([t for _, t in corpus.train], model_kw.get("d_vocab", data.DEFAULT_VOCAB_SIZE))
         tok_path = out.with_name(out.name + ".tokenizer.json")
         tok.save(str(tok_path))
-        tr, va = data.tokenize_documents(tok, corpus.train), data.tokenize_documents(tok, corpus.validation)
+        tr, va, _ = corpus_streams(tok, corpus)
         model_kw = {**model_kw, "d_vocab": tok.get_vocab_size()}
     else:
         tok_path = CORPUS_DIR / "tokenizer.json"
