@@ -80,25 +80,43 @@ def stdlib_files(root: str | Path | None = None) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def load_corpus(paths: Iterable[str | Path] | None = None, root: str | Path | None = None) -> Corpus:
-    """Load the default corpus (``paths=None``) or any local text files.
+def read_text_file(path: Path) -> str:
+    """A corpus file as text: UTF-8, a stray undecodable byte becoming U+FFFD; a file with NUL
+    bytes or mostly undecodable bytes is binary and refused."""
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    if b"\0" in raw or text.count("\ufffd") > 0.01 * max(len(text), 1):
+        raise ValueError(f"corpus file {path} is not text (binary or not UTF-8); pass UTF-8 text files only")
+    return text
 
-    Files are read as UTF-8 (undecodable bytes become U+FFFD), ordered by name and split into
-    train and validation by a hash of the name, so the same files always give the same split.
+
+def _read_stdlib_file(path: Path) -> str:  # the rule the shipped corpus files were made with
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: str | Path | None = None) -> Corpus:
+    """Load the default corpus (``paths=None``) or local text files (one path or several).
+
+    Files are read as UTF-8 (a stray undecodable byte becomes U+FFFD; binary files are refused),
+    ordered by name and split into train and validation by a hash of the name, so the same files
+    always give the same split.
     """
     if paths is None:
         root = Path(root or sysconfig.get_paths()["stdlib"])
         paths = stdlib_files(root)
+        read = _read_stdlib_file
     else:
-        paths = [Path(p) for p in paths]
+        paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        if not paths:
+            raise ValueError("no corpus files given: pass at least one text file")
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"corpus files not found: {missing[:5]}; pass existing text files")
-        root = None
+        root, read = None, read_text_file
     docs = []
     for p in paths:
         name = p.relative_to(root).as_posix() if root is not None else p.as_posix()
-        text = p.read_bytes().decode("utf-8", errors="replace")
+        text = read(p)
         if text.strip():
             docs.append((name, text))
     if not docs:

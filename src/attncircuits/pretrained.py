@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,26 +46,107 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def save_weights(tensors: dict, path: Path) -> None:
+    """safetensors file with the usual file mode (safetensors itself writes 0600)."""
+    (np_save_file if tensors and isinstance(next(iter(tensors.values())), np.ndarray) else save_file)(tensors, path)
+    path.chmod(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_manifest(directory: Path) -> None:
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "manifest.json")
     manifest = {p.relative_to(directory).as_posix(): sha256(p) for p in files}
     (directory / "manifest.json").write_text(json.dumps({"sha256": manifest}, indent=1) + "\n")
 
 
-def verify_manifest(directory: Path) -> None:
-    """Raise if any file listed in ``manifest.json`` is missing or its hash differs."""
+def read_manifest(directory: Path) -> dict[str, str]:
+    """The ``{relative path: SHA-256}`` entries of ``directory/manifest.json``, refused when it is
+    missing, unreadable, empty, or leaves a weight file (``*.safetensors``) of the folder out."""
     mpath = directory / "manifest.json"
+    fix = f"restore the folder from git (`git checkout -- {directory}`) or retrain it"
     if not mpath.is_file():
-        raise FileNotFoundError(f"{mpath} is missing; the checkpoint cannot be verified. Re-save it or restore it from git")
-    for rel, digest in json.loads(mpath.read_text())["sha256"].items():
-        p = directory / rel
-        if not p.is_file():
-            raise FileNotFoundError(f"{p} is listed in the manifest but missing; restore it from git or retrain")
-        if sha256(p) != digest:
-            raise ValueError(
-                f"{p} does not match its SHA-256 in {mpath} (corrupt or edited file); restore it with "
-                f"`git checkout -- {p}` or retrain with `make train`"
-            )
+        raise FileNotFoundError(f"{mpath} is missing, so the checkpoint cannot be verified; {fix}")
+    try:
+        entries = json.loads(mpath.read_text(encoding="utf-8"))["sha256"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{mpath} is corrupt (not a JSON object with a 'sha256' table: {err!r}); {fix}") from None
+    if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items()):
+        raise ValueError(f"{mpath} is corrupt (its 'sha256' table must map file names to hashes); {fix}")
+    if not entries:
+        raise ValueError(f"{mpath} lists no files, so nothing in {directory} can be verified; {fix}")
+    unlisted = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*.safetensors"))
+    unlisted = [rel for rel in unlisted if rel not in entries]
+    if unlisted:
+        raise ValueError(f"{directory / unlisted[0]} is not listed in {mpath}, so it cannot be verified; "
+                         f"remove it, or {fix}")
+    return entries
+
+
+def verify_file(directory: Path, rel: str, entries: dict[str, str] | None = None) -> Path:
+    """Check one file of ``directory`` against its manifest entry; returns its path."""
+    entries = read_manifest(directory) if entries is None else entries
+    p = directory / rel
+    if rel not in entries:
+        raise ValueError(f"{p} is not listed in {directory / 'manifest.json'}, so it cannot be verified; "
+                         "remove it, or restore the folder from git or retrain it")
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} is listed in the manifest but missing; restore it from git or retrain")
+    if sha256(p) != entries[rel]:
+        raise ValueError(
+            f"{p} does not match its SHA-256 in {directory / 'manifest.json'} (corrupt or edited file); "
+            f"restore it with `git checkout -- {p}` or retrain with `make train`"
+        )
+    return p
+
+
+def verify_manifest(directory: Path) -> None:
+    """Raise if the manifest is unusable, leaves out a weight file, or a listed file is missing or
+    differs from its hash."""
+    entries = read_manifest(directory)
+    for rel in entries:
+        verify_file(directory, rel, entries)
+
+
+def is_checkpoint_dir(directory: Path) -> bool:
+    """Whether ``directory`` is a model folder this package wrote: a readable manifest that lists
+    its weights and config, and every file in the folder listed there."""
+    try:
+        entries = read_manifest(directory)
+    except (OSError, ValueError):
+        return False
+    files = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {"manifest.json"}
+    return {"model.safetensors", "config.json"} <= set(entries) and files <= set(entries)
+
+
+def check_replaceable(directory: Path, overwrite: bool) -> None:
+    """Refuse, before any work, to write ``directory`` where that would delete what this package
+    did not write: an existing file, a folder of the user's, a model without ``overwrite``."""
+    if directory.is_file() or (directory.exists() and not directory.is_dir()):
+        raise FileExistsError(f"{directory} is a file, not a model folder; choose another output folder")
+    if not directory.exists():
+        return
+    if not is_checkpoint_dir(directory):
+        kind = "an empty folder" if not any(directory.iterdir()) else "a folder with files this program did not write"
+        raise FileExistsError(f"{directory} is {kind}, not a model folder; choose a new output folder "
+                              "(nothing there is deleted or overwritten)")
+    if not overwrite:
+        raise FileExistsError(f"{directory} already holds a model; pass overwrite=True (CLI: --overwrite) to "
+                              "replace it or choose another output folder")
+
+
+#: a training run's staging folder ``<out>.partial`` holds this file from its first moment on
+PARTIAL_MARKER = "in-progress.json"
+#: subfolder of ``<out>.partial`` with what ``--resume`` needs (weights, optimizer, RNG, history)
+RESUME_SUBDIR = "resume"
+
+
+def partial_dir(directory: Path) -> Path:
+    return directory.with_name(directory.name + ".partial")
 
 
 def state_dict_for_save(model: AttnOnlyTransformer, dtype=torch.float16) -> dict:
@@ -81,24 +163,41 @@ def save_checkpoint(
     overwrite: bool = False,
     dtype=torch.float16,
 ) -> Path:
-    """Write a checkpoint directory atomically: into ``<dir>.partial`` first, then renamed."""
+    """Write a checkpoint directory atomically: into ``<dir>.partial`` first, then renamed.
+
+    Only a folder this package wrote (see :func:`is_checkpoint_dir`) is ever replaced, and only
+    with ``overwrite``. A ``<dir>.partial`` left by a training run (it holds ``PARTIAL_MARKER``)
+    is completed in place, so its tokenizer, corpus files and snapshots become part of the model.
+    """
     directory = Path(directory)
-    if (directory / "model.safetensors").exists() and not overwrite:
-        raise FileExistsError(f"{directory} already holds a model; pass overwrite=True (CLI: --overwrite) to replace it")
-    tmp = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "snapshots").mkdir(parents=True)
-    save_file(state_dict_for_save(model, dtype), tmp / "model.safetensors")
-    (tmp / "config.json").write_text(json.dumps({"model": model.cfg.to_dict(), **(meta or {})}, indent=1) + "\n")
-    shutil.copy(tokenizer_path, tmp / "tokenizer.json")
-    if history is not None:
-        (tmp / "history.json").write_text(json.dumps(history) + "\n")
-    for step, sd in sorted((snapshots or {}).items()):
-        save_file(sd, tmp / "snapshots" / f"step_{step:06d}.safetensors")
-    if not snapshots:
-        (tmp / "snapshots").rmdir()
-    write_manifest(tmp)
+    check_replaceable(directory, overwrite)
+    tmp = partial_dir(directory)
+    fresh = not tmp.exists()
+    if fresh:
+        tmp.mkdir()
+    elif not (tmp / PARTIAL_MARKER).is_file():
+        raise FileExistsError(f"{tmp} exists and was not written by this program; move it away and save again")
+    try:
+        (tmp / "snapshots").mkdir(exist_ok=True)
+        save_weights(state_dict_for_save(model, dtype), tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps({"model": model.cfg.to_dict(), **(meta or {})}, indent=1) + "\n")
+        if Path(tokenizer_path).resolve() != (tmp / "tokenizer.json").resolve():
+            shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+        if history is not None:
+            (tmp / "history.json").write_text(json.dumps(history) + "\n")
+        for step, sd in sorted((snapshots or {}).items()):
+            save_weights(sd, tmp / "snapshots" / f"step_{step:06d}.safetensors")
+        if not any((tmp / "snapshots").iterdir()):
+            (tmp / "snapshots").rmdir()
+        shutil.rmtree(tmp / RESUME_SUBDIR, ignore_errors=True)
+        (tmp / PARTIAL_MARKER).unlink(missing_ok=True)
+        write_manifest(tmp)
+    except BaseException:
+        if fresh:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if directory.exists():
+        check_replaceable(directory, overwrite)  # still ours: nothing else was put there meanwhile
         shutil.rmtree(directory)
     tmp.rename(directory)
     return directory
@@ -111,6 +210,7 @@ class Checkpoint:
     config: dict
     history: dict | None
     directory: Path
+    verified: bool = True  # files are checked against the manifest before use
 
     @property
     def snapshot_steps(self) -> list[int]:
@@ -118,9 +218,10 @@ class Checkpoint:
 
     def load_snapshot(self, step: int) -> AttnOnlyTransformer:
         """The model as it was at training step ``step`` (see ``snapshot_steps``)."""
-        path = self.directory / "snapshots" / f"step_{step:06d}.safetensors"
-        if not path.is_file():
+        rel = f"snapshots/step_{step:06d}.safetensors"
+        if not (self.directory / rel).is_file():
             raise FileNotFoundError(f"no snapshot at step {step}; available steps: {self.snapshot_steps}")
+        path = verify_file(self.directory, rel) if self.verified else self.directory / rel
         return _build(self.model.cfg, path, self.model.W_E.device)
 
 
@@ -135,6 +236,9 @@ def _build(cfg: AttnOnlyConfig, weights: Path, device) -> AttnOnlyTransformer:
     if expected != got:
         diff = {k: (expected.get(k), got.get(k)) for k in set(expected) | set(got) if expected.get(k) != got.get(k)}
         raise ValueError(f"config and weights in {weights.parent} disagree (name: (config shape, file shape)): {diff}")
+    bad = [k for k, v in sd.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{weights} holds NaN or infinite weights ({', '.join(bad)}); restore it from git or retrain")
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     return model.to(device).eval()
 
@@ -149,14 +253,18 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} is missing; restore it from git or retrain")
-    config = json.loads(cfg_path.read_text())
-    model = _build(AttnOnlyConfig.from_dict(config["model"]), directory / "model.safetensors", device)
+    try:
+        config = json.loads(cfg_path.read_text())
+        model_cfg = AttnOnlyConfig.from_dict(config["model"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{cfg_path} is corrupt ({err!r}); restore it from git or retrain") from None
+    model = _build(model_cfg, directory / "model.safetensors", device)
     tokenizer = load_tokenizer(directory / "tokenizer.json")
     if tokenizer.get_vocab_size() != model.cfg.d_vocab:
         raise ValueError(f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model d_vocab={model.cfg.d_vocab}")
     hist_path = directory / "history.json"
     history = json.loads(hist_path.read_text()) if hist_path.is_file() else None
-    return Checkpoint(model, tokenizer, config, history, directory)
+    return Checkpoint(model, tokenizer, config, history, directory, verified=verify)
 
 
 def load_pretrained(name: str, device: str | torch.device = "cpu") -> Checkpoint:
@@ -170,19 +278,19 @@ def load_pretrained(name: str, device: str | torch.device = "cpu") -> Checkpoint
 
 
 # ---- shipped corpus files ----------------------------------------------------------------------
-def save_corpus_files(val_tokens: np.ndarray, train_tokens: np.ndarray, info: dict) -> None:
+def save_corpus_files(val_tokens: np.ndarray, train_tokens: np.ndarray, info: dict, directory: Path = CORPUS_DIR) -> None:
     """Ship the tokenized validation split and the training split's bigram counts (sparse), beside
-    the tokenizer already saved in ``CORPUS_DIR``; the manifest covers all of them."""
-    CORPUS_DIR.mkdir(parents=True, exist_ok=True)
-    np_save_file({"tokens": val_tokens.astype(np.uint16)}, CORPUS_DIR / "val_tokens.safetensors")
+    the tokenizer already saved in ``directory``; the manifest covers all of them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights({"tokens": val_tokens.astype(np.uint16)}, directory / "val_tokens.safetensors")
     pairs = train_tokens[:-1].astype(np.int64) * 65536 + train_tokens[1:].astype(np.int64)
     uniq, counts = np.unique(pairs, return_counts=True)
-    np_save_file(
+    save_weights(
         {"prev": (uniq // 65536).astype(np.uint16), "next": (uniq % 65536).astype(np.uint16), "count": counts.astype(np.uint32)},
-        CORPUS_DIR / "train_bigrams.safetensors",
+        directory / "train_bigrams.safetensors",
     )
-    (CORPUS_DIR / "corpus.json").write_text(json.dumps(info, indent=1) + "\n")
-    write_manifest(CORPUS_DIR)
+    (directory / "corpus.json").write_text(json.dumps(info, indent=1) + "\n")
+    write_manifest(directory)
 
 
 def load_validation_tokens() -> torch.Tensor:

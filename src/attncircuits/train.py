@@ -9,12 +9,15 @@ prefix-matching score and the loss on repeated random tokens. Output is a checkp
 
 from __future__ import annotations
 
-import argparse
 import math
+import signal
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -22,7 +25,7 @@ from tqdm.auto import tqdm
 
 from . import data
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from .pretrained import CORPUS_DIR, PRETRAINED_DIR, save_checkpoint, save_corpus_files, state_dict_for_save
+from .pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
 from .scores import in_context_learning_score, prefix_matching_scores, previous_token_scores, repeated_token_loss
 
 
@@ -51,6 +54,38 @@ class TrainConfig:
     eval_every: int = 250
     eval_batches: int = 16  # x batch_size windows of validation text per evaluation (ICL score needs many)
     snapshot_steps: list[int] = field(default_factory=list)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """``(field, what is wrong)`` for every value that would fail or train nothing."""
+        out = []
+
+        def need(name: str, ok: bool, what: str) -> None:
+            if not ok:
+                out.append((name, f"must be {what} (got {getattr(self, name)!r})"))
+
+        def finite(x) -> bool:
+            return isinstance(x, (int, float)) and math.isfinite(x)
+
+        for name in ("steps", "batch_size", "eval_every", "eval_batches"):
+            need(name, isinstance(getattr(self, name), int) and getattr(self, name) >= 1, "a whole number >= 1")
+        need("warmup_steps", isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "a whole number >= 0")
+        need("seed", isinstance(self.seed, int) and 0 <= self.seed < 2**62, "a whole number >= 0")
+        need("lr", finite(self.lr) and self.lr > 0, "a number > 0")
+        need("grad_clip", finite(self.grad_clip) and self.grad_clip > 0, "a number > 0")
+        need("weight_decay", finite(self.weight_decay) and self.weight_decay >= 0, "a number >= 0")
+        for name in ("min_lr_frac", "repeat_frac", "random_repeat_frac"):
+            need(name, finite(getattr(self, name)) and 0 <= getattr(self, name) <= 1, "between 0 and 1")
+        if not out and round(self.repeat_frac * self.batch_size) + round(self.random_repeat_frac * self.batch_size) > self.batch_size:
+            out.append(("repeat_frac", f"plus random_repeat_frac must be at most 1 (got {self.repeat_frac} + {self.random_repeat_frac})"))
+        bad = [s for s in self.snapshot_steps if not (isinstance(s, int) and 0 <= s <= self.steps)]
+        if bad and finite(self.steps):
+            out.append(("snapshot_steps", f"must lie between 0 and steps={self.steps} (got {bad})"))
+        return out
+
+    def check(self) -> None:
+        """Raise a ValueError naming every bad value (the CLI reports each as its flag)."""
+        if problems := self.problems():
+            raise ValueError("; ".join(f"TrainConfig.{name} {what}" for name, what in problems))
 
 
 PRESETS: dict[str, tuple[dict, dict]] = {
@@ -129,6 +164,35 @@ def corpus_streams(tokenizer, corpus: data.Corpus | None = None) -> tuple[np.nda
     return data.tokenize_documents(tokenizer, corpus.train), data.tokenize_documents(tokenizer, corpus.validation), corpus
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped :func:`train` between two steps; ``step`` is the first step not taken."""
+
+    def __init__(self, step: int):
+        super().__init__(f"training interrupted before step {step}")
+        self.step = step
+
+
+@contextmanager
+def _stop_between_steps():
+    """While training, the first Ctrl-C only asks to stop at the next step boundary (so the state
+    saved for ``--resume`` is never half an optimizer step); a second one interrupts at once."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum, frame):
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def train(
     model_cfg: AttnOnlyConfig,
     cfg: TrainConfig,
@@ -136,8 +200,17 @@ def train(
     val_tokens: np.ndarray,
     device: str | None = None,
     progress: bool = True,
+    resume: dict | None = None,
+    save_state: Callable[[dict], None] | None = None,
 ) -> tuple[AttnOnlyTransformer, dict, dict[int, dict]]:
-    """Train a model; returns it, its history and the snapshots asked for in ``cfg``."""
+    """Train a model; returns it, its history and the snapshots asked for in ``cfg``.
+
+    ``save_state``, when given, receives everything a resumed run needs (weights, optimizer, RNG,
+    history, snapshots) at every evaluation step and when Ctrl-C stops the run, which then raises
+    :class:`TrainingInterrupted`; passing such a state as ``resume`` continues the run exactly
+    where it stopped: on the same machine the result is bit-identical to an uninterrupted run.
+    """
+    cfg.check()
     dev = pick_device(device)
     torch.manual_seed(cfg.seed)
     model = AttnOnlyTransformer(model_cfg).to(dev)
@@ -152,44 +225,70 @@ def train(
     val_batches = torch.stack([data.random_windows(val_tokens, cfg.batch_size, n_ctx, val_g) for _ in range(cfg.eval_batches)])
     history: dict = {"step": [], "tokens": [], "train_loss": [], "lr": [], "wall_s": []}
     snapshots: dict[int, dict] = {}
-    t0, ema = time.time(), None
-    bar = tqdm(range(cfg.steps + 1), disable=not progress, desc=f"{model_cfg.n_layers}L", mininterval=0.5)
-    for step in bar:
-        if step in cfg.snapshot_steps:
-            snapshots[step] = state_dict_for_save(model)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = evaluate(model, val_batches)
-            for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema,
-                             "lr": lr_at(step, cfg), "wall_s": time.time() - t0, **ev}.items():
-                history.setdefault(key, []).append(val)
-            if progress:
-                bar.write(_summary(step, ev))
-        if step == cfg.steps:
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)
-        loss = loss_fn(model(batch), batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        if step % 10 == 0:
-            tps = (step + 1) * cfg.batch_size * n_ctx / (time.time() - t0)
-            bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
+    start, ema, wall0 = 0, None, 0.0
+    if resume is not None:
+        start, ema, wall0 = resume["step"], resume["ema"], resume["wall_s"]
+        model.load_state_dict(resume["model"])
+        opt_state = opt.state_dict()
+        opt_state["state"] = resume["optimizer"]
+        opt.load_state_dict(opt_state)
+        g.set_state(resume["generator"])
+        torch.set_rng_state(resume["torch_rng"])
+        history = {k: list(v) for k, v in resume["history"].items()}
+        snapshots = dict(resume["snapshots"])
+    t0 = time.time() - wall0
+
+    def state(step: int) -> dict:
+        return {"step": step, "ema": ema, "wall_s": time.time() - t0, "history": history, "snapshots": snapshots,
+                "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+                "optimizer": opt.state_dict()["state"], "generator": g.get_state(), "torch_rng": torch.get_rng_state()}
+
+    bar = tqdm(range(start, cfg.steps + 1), disable=not progress, desc=f"{model_cfg.n_layers}L", mininterval=0.5,
+               initial=start, total=cfg.steps + 1)
+    with _stop_between_steps() as stop_requested:
+        for step in bar:
+            if stop_requested.is_set():
+                if save_state is not None:
+                    save_state(state(step))
+                raise TrainingInterrupted(step)
+            if save_state is not None and step % cfg.eval_every == 0 and start < step < cfg.steps:
+                save_state(state(step))
+            if step in cfg.snapshot_steps:
+                snapshots[step] = state_dict_for_save(model)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                ev = evaluate(model, val_batches)
+                for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema,
+                                 "lr": lr_at(step, cfg), "wall_s": time.time() - t0, **ev}.items():
+                    history.setdefault(key, []).append(val)
+                if progress:
+                    bar.write(_summary(step, ev))
+            if step == cfg.steps:
+                break
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)
+            loss = loss_fn(model(batch), batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+            if step % 10 == 0:
+                tps = (step + 1 - start) * cfg.batch_size * n_ctx / (time.time() - t0 - wall0)
+                bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
     history["tokens_per_s"] = cfg.steps * cfg.batch_size * n_ctx / (time.time() - t0)
     model.eval()
     return model, history, snapshots
 
 
-def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE) -> Path:
-    """Train the tokenizer on the default corpus and write the shipped corpus files."""
+def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE, directory: Path = CORPUS_DIR) -> Path:
+    """Train the tokenizer on the default corpus and write the corpus files into ``directory``
+    (default: the shipped ones, which ``make train`` rebuilds); returns the tokenizer's path."""
     corpus = data.load_corpus()
     t = time.time()
     tok = data.train_tokenizer([text for _, text in corpus.train], vocab_size)
-    CORPUS_DIR.mkdir(parents=True, exist_ok=True)
-    tok_path = CORPUS_DIR / "tokenizer.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    tok_path = directory / "tokenizer.json"
     tok.save(str(tok_path))
     tr, va, _ = corpus_streams(tok, corpus)
     info = {
@@ -200,49 +299,16 @@ def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE) -> Path:
         "train_tokens": int(len(tr)), "validation_tokens": int(len(va)), "vocab_size": vocab_size,
         "validation_file_names": [n for n, _ in corpus.validation],
     }
-    save_corpus_files(va, tr, info)
+    save_corpus_files(va, tr, info, directory)
     print(f"corpus: {corpus.describe()}; {len(tr):,} + {len(va):,} tokens; tokenizer in {time.time() - t:.1f}s")
     return tok_path
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="attn-only-2l")
-    p.add_argument("--out", type=Path, help="output directory (default: the shipped model's directory)")
-    p.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
-    p.add_argument("--prepare-corpus", action="store_true", help="(re)train the tokenizer and corpus files first")
-    p.add_argument("--corpus-files", nargs="+", type=Path, help="train on these local text files instead")
-    p.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (one per process uses these models well)")
-    for f in fields(TrainConfig):  # every TrainConfig field is a flag, e.g. --steps 200
-        if f.name not in ("snapshot_steps", "betas"):
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(TrainConfig(), f.name)))
-    p.add_argument("--snapshot-steps", type=int, nargs="*")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model_kw, train_kw = PRESETS[args.preset]
-    cfg = TrainConfig(**{**train_kw, **{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}})
-    out = args.out or PRETRAINED_DIR / args.preset
-    if (out / "model.safetensors").exists() and not args.overwrite:
-        p.error(f"{out} already holds a model; pass --overwrite to replace it or --out to write elsewhere")
-    if args.corpus_files:
-        corpus = data.load_corpus(args.corpus_files)
-        tok = data.train_tokenizer([t for _, t in corpus.train], model_kw.get("d_vocab", data.DEFAULT_VOCAB_SIZE))
-        tok_path = out.with_name(out.name + ".tokenizer.json")
-        tok.save(str(tok_path))
-        tr, va, _ = corpus_streams(tok, corpus)
-        model_kw = {**model_kw, "d_vocab": tok.get_vocab_size()}
-    else:
-        tok_path = CORPUS_DIR / "tokenizer.json"
-        if args.prepare_corpus or not tok_path.is_file():
-            prepare_corpus()
-        tr, va, _ = corpus_streams(data.load_tokenizer(tok_path))
-    model, history, snaps = train(AttnOnlyConfig(**model_kw), cfg, tr, va, device=args.device)
-    meta = {"preset": args.preset, "train": asdict(cfg), "torch": torch.__version__, "python": sys.version.split()[0]}
-    save_checkpoint(model, out, tok_path, meta=meta, history=history, snapshots=snaps, overwrite=args.overwrite)
-    last = {k: v[-1] for k, v in history.items() if isinstance(v, list) and v and not isinstance(v[-1], list)}
-    print(f"saved {out}: {last}; {history['tokens_per_s']:,.0f} tokens/s")
+    """``python -m attncircuits.train``: see :mod:`attncircuits.train_cli`."""
+    from .train_cli import main as cli_main
+
+    cli_main(argv)
 
 
 if __name__ == "__main__":
