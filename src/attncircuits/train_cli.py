@@ -89,7 +89,8 @@ def check_args(args) -> tuple[dict, TrainConfig, Path]:
     model_kw, train_kw = PRESETS[args.preset]
     given = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}
     cfg = TrainConfig(**{**train_kw, **given})
-    problems += [f"--{name.replace('_', '-')} {what}" for name, what in cfg.problems()]
+    problems += [f"--{name.replace('_', '-')} {what.replace('random_repeat_frac', '--random-repeat-frac')}"
+                 for name, what in cfg.problems()]
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be a whole number >= 1 (got {args.threads})")
     if args.prepare_corpus and args.corpus_files:
@@ -211,8 +212,7 @@ def run(args) -> Path:
     resumable = (tmp / RESUME_SUBDIR).is_dir()
     try:
         tr, va, tok_path = corpus_and_tokenizer(args, tmp)
-        if args.corpus_files:
-            model_kw = {**model_kw, "d_vocab": data.load_tokenizer(tok_path).get_vocab_size()}
+        model_kw = {**model_kw, "d_vocab": data.load_tokenizer(tok_path).get_vocab_size()}
         model_cfg = AttnOnlyConfig(**model_kw)
         for name, tokens in (("training", tr), ("validation", va)):
             if len(tokens) < model_cfg.n_ctx:
