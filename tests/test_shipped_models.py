@@ -61,7 +61,14 @@ def test_one_layer_model_has_no_induction_heads(models):
     reason="the default corpus is this Python's standard library; the shipped files were made with another",
 )
 def test_training_reproduces_the_shipped_history(monkeypatch):
-    """`make train` is deterministic: rerunning the 2L preset gives the shipped run's first evaluations."""
+    """`make train` on any machine gives the shipped run's first evaluations within REL_TOL.
+
+    Same machine: reruns are bit-identical (test_train_and_checkpoints.py). Another CPU rounds
+    differently from the first forward pass on: measured 7e-9 relative at steps 0 and 250 on one,
+    and rounding differences grow with training, so the promise is on the early steps only, with
+    a tolerance 1,000x the measured gap and far below what a change to the recipe moves (the data,
+    the initialisation or the first 250 updates move these losses by more than 1e-3).
+    """
     from attncircuits import data
     from attncircuits import train as T
     from attncircuits.model import AttnOnlyConfig
@@ -89,4 +96,11 @@ def test_training_reproduces_the_shipped_history(monkeypatch):
             T.train(AttnOnlyConfig(**model_kw), T.TrainConfig(**train_kw), train_tokens, val_tokens, progress=False)
     finally:
         torch.set_num_threads(threads)
-    assert seen == load_pretrained("attn-only-2l").history["val_loss"][:2]
+    shipped = load_pretrained("attn-only-2l").history["val_loss"][:2]
+    gaps = [abs(a - b) / abs(b) for a, b in zip(seen, shipped)]
+    print(f"relative gap to the shipped history at steps 0 and 250: {gaps}")
+    assert max(gaps) <= REL_TOL, (seen, shipped)
+
+
+#: promised agreement of a retrained run's first evaluations with the shipped history, any CPU
+REL_TOL = 1e-5

@@ -1,7 +1,10 @@
-"""Training lowers the loss; checkpoints round-trip and refuse bad or tampered files."""
+"""Training lowers the loss and reruns bit for bit; checkpoints round-trip and refuse bad or
+tampered files."""
 
+import hashlib
 import json
 import shutil
+import stat
 
 import numpy as np
 import pytest
@@ -14,13 +17,31 @@ from attncircuits.train import PRESETS, TrainConfig, lr_at, main, train
 TOKENIZER = CORPUS_DIR / "tokenizer.json"
 
 
-@pytest.fixture(scope="module")
-def trained():
+def tiny_run():
     rng = np.random.default_rng(0)
     stream = np.tile(rng.integers(1, 2048, 40), 60).astype(np.uint16)  # a short text repeated
     cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, n_ctx=32)
     tcfg = TrainConfig(steps=40, batch_size=8, eval_every=20, eval_batches=1, warmup_steps=5, snapshot_steps=[0, 20])
     return train(cfg, tcfg, stream, stream, progress=False)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return tiny_run()
+
+
+def test_a_rerun_on_the_same_machine_is_bit_identical(trained):
+    """What `make train` promises on one machine: the same losses and the same weights, bit for bit
+    (across machines, see test_shipped_models.py: equal within a tolerance)."""
+    def fingerprint(run):
+        model, history, snaps = run
+        h = hashlib.sha256()
+        for sd in (model.state_dict(), *snaps.values()):
+            for k, v in sorted(sd.items()):
+                h.update(k.encode() + v.detach().cpu().numpy().tobytes())
+        return {k: v for k, v in history.items() if k not in ("wall_s", "tokens_per_s")}, h.hexdigest()
+
+    assert fingerprint(tiny_run()) == fingerprint(trained)
 
 
 def test_training_lowers_loss(trained):
@@ -65,6 +86,64 @@ def test_tampered_weights_are_refused(saved):
     w.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="does not match its SHA-256"):
         load_checkpoint(saved)
+
+
+def test_saved_files_have_the_usual_mode(saved):
+    umask_mode = stat.S_IMODE((saved / "config.json").stat().st_mode)  # written by plain open()
+    assert {stat.S_IMODE(p.stat().st_mode) for p in saved.rglob("*") if p.is_file()} == {umask_mode}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", "manifest.json is corrupt"),
+    ("{not json", "manifest.json is corrupt"),
+    ('{"files": {}}', "manifest.json is corrupt"),
+    ('{"sha256": ["model.safetensors"]}', "manifest.json is corrupt"),
+    ('{"sha256": {}}', "manifest.json lists no files"),
+])
+def test_unusable_manifest_is_refused(saved, text, expected):
+    (saved / "manifest.json").write_text(text)
+    with pytest.raises(ValueError, match=expected) as err:
+        load_checkpoint(saved)
+    assert f"git checkout -- {saved}" in str(err.value)
+
+
+def test_weights_left_out_of_the_manifest_are_refused(saved):
+    manifest = json.loads((saved / "manifest.json").read_text())
+    del manifest["sha256"]["model.safetensors"]
+    (saved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="model.safetensors is not listed in"):
+        load_checkpoint(saved)
+
+
+def test_nan_weights_never_load(trained, tmp_path):
+    model = trained[0]
+    broken = {k: v.clone() for k, v in model.state_dict().items()}
+    broken["W_E"][3, 5] = float("nan")
+    bad = AttnOnlyConfig.from_dict(model.cfg.to_dict())
+    from attncircuits import AttnOnlyTransformer
+
+    nan_model = AttnOnlyTransformer(bad)
+    nan_model.load_state_dict(broken)
+    out = save_checkpoint(nan_model, tmp_path / "nan", TOKENIZER)  # manifest matches: only the check catches it
+    with pytest.raises(ValueError, match="holds NaN or infinite weights \\(W_E\\)"):
+        load_checkpoint(out)
+
+
+def test_snapshots_are_verified_before_use(trained, tmp_path):
+    model, history, snaps = trained
+    out = save_checkpoint(model, tmp_path / "s", TOKENIZER, snapshots=snaps)
+    ck = load_checkpoint(out)
+    path = out / "snapshots" / "step_000020.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="step_000020.safetensors does not match its SHA-256"):
+        ck.load_snapshot(20)
+    shutil.copy(out / "snapshots" / "step_000000.safetensors", out / "snapshots" / "step_000010.safetensors")
+    with pytest.raises(ValueError, match="step_000010.safetensors is not listed in"):
+        ck.load_snapshot(10)
+    with pytest.raises(ValueError, match="step_000010.safetensors is not listed in"):
+        load_checkpoint(out)
 
 
 def test_missing_tokenizer(saved):
