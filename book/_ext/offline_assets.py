@@ -2,7 +2,8 @@
 
 The site must read correctly from ``file://`` with the network off. MathJax and the ipywidgets
 embed manager are not committed; ``make book-assets`` brings them from the npm registry into
-``book/_static/vendor/`` (git-ignored) and ``_config.yml`` points at them. This extension
+``book/_static/vendor/`` (git-ignored) with the npm of the virtual environment (Node.js from PyPI),
+and ``_config.yml`` points at them. This extension
 
 * stops the build, with the command to run, when those files have not been fetched, and
 * after the build, warns (an error under ``-W``) for every page that would still load a script,
@@ -30,7 +31,7 @@ from sphinx.util.matching import Matcher
 logger = logging.getLogger(__name__)
 
 FETCH_COMMAND = "make book-assets"
-NPM_INSTALL = "apt-get install -y npm"
+NPM_INSTALL = "make venv"  # installs Node.js (and npm) from PyPI into .venv
 
 # Tags whose attribute is fetched when the page loads (a plain <a href> is a link, not a load).
 _LOADED = re.compile(
@@ -71,7 +72,7 @@ def _check_assets(app: Sphinx, config: Config) -> None:
             raise ExtensionError(
                 f"{what} is missing: no {path} under {', '.join(str(d) for d in static_dirs)}. "
                 f"Run `{FETCH_COMMAND}` to fetch it from the npm registry "
-                f"(needs npm; install it with `{NPM_INSTALL}`), then build again."
+                f"(with the npm that `{NPM_INSTALL}` installs into .venv), then build again."
             )
 
 
