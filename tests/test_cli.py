@@ -228,3 +228,14 @@ def test_prepare_corpus_writes_only_under_out(tmp_path, docs, capsys, monkeypatc
     assert set(modes.values()) == {0o644}, modes  # umask 022 here, as in the test run
     assert load_checkpoint(out).model.cfg.d_vocab == load_checkpoint(out).tokenizer.get_vocab_size()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "elsewhere"]
+
+
+def test_ctrl_c_before_the_first_step_leaves_nothing(tmp_path, docs, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "train_tokenizer", interrupted)
+    code, err = cli(capsys, *FAST, "--out", tmp_path / "m", "--corpus-files", *docs)
+    assert code == 130 and err == ["python -m attncircuits.train: error: interrupted before training started; "
+                                   "nothing was kept"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]

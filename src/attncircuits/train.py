@@ -4,7 +4,8 @@ AdamW with linear warmup and cosine decay, fixed seeds, the device picked automa
 MPS or CPU), a tqdm bar with loss and tokens/s, and a history logged every ``eval_every`` steps:
 train and validation loss and, for models with layers, each head's previous-token and
 prefix-matching score and the loss on repeated random tokens. Output is a checkpoint directory
-(see ``pretrained.py``); nothing is pickled.
+(see ``pretrained.py``); nothing is pickled. The command line (argument checks, output folders,
+Ctrl-C and ``--resume``) is in ``train_cli.py``.
 """
 
 from __future__ import annotations

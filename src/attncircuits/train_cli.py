@@ -237,7 +237,10 @@ def run(args) -> Path:
     except BaseException as err:
         if not resumable:
             shutil.rmtree(tmp, ignore_errors=True)
-        elif not isinstance(err, Refused):
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C before the first step
+            kept = f"the earlier progress in {tmp} is kept (add --resume)" if resumable else "nothing was kept"
+            raise Interrupted(f"interrupted before training started; {kept}") from None
+        if resumable and not isinstance(err, Refused):
             print(f"{PROG}: progress up to the last evaluation is kept in {tmp}; add --resume to continue",
                   file=sys.stderr)
         raise
@@ -258,5 +261,5 @@ def main(argv=None) -> None:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted before training started; nothing was kept", file=sys.stderr)
+        print(f"{PROG}: interrupted before training started; nothing was written", file=sys.stderr)
         sys.exit(130)
