@@ -188,9 +188,10 @@ def test_ctrl_c_keeps_a_state_that_resume_finishes_exactly(tmp_path, docs, capsy
     run = [*FAST, "--steps", "8", "--snapshot-steps", "0", "3", "6", "--corpus-files", *docs]
     assert cli(capsys, *run, "--out", tmp_path / "whole")[0] == 0
     _interrupt_at(monkeypatch, 5)
+    handler = signal.getsignal(signal.SIGINT)
     code, err = cli(capsys, *run, "--out", tmp_path / "cut")
     assert code == 130 and len(err) == 1 and "interrupted before step 6 of 8" in err[0] and "--resume" in err[0]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is handler  # the caller's handler is back
     partial = tmp_path / "cut.partial"
     assert not (tmp_path / "cut").exists() and {"in-progress.json", "tokenizer.json", "resume/manifest.json",
                                                 "resume/state.json", "resume/state.safetensors"} <= set(listing(partial))
