@@ -193,8 +193,11 @@ def token_rows(
     return out
 
 
-def token_stream(d_vocab: int = D_VOCAB, min_len: int = 1, name: str = "tokens", model_free: bool = False) -> list[Val]:
-    """A 1-D stream of ids (a vocabulary subset, a list to decode, a text to count)."""
+def token_stream(
+    d_vocab: int = D_VOCAB, min_len: int = 1, name: str = "tokens", model_free: bool = False, empty_ok: bool = False
+) -> list[Val]:
+    """A 1-D stream of ids (a vocabulary subset, a list to decode, a text to count); ids ``>= d_vocab``
+    are valid when ``model_free``, the empty stream when ``empty_ok``."""
     w = ("token", name)
     out = [
         Val([3, 1, 4, 1, 5], True, f"{name}=[3, 1, 4, 1, 5]"),
@@ -207,7 +210,7 @@ def token_stream(d_vocab: int = D_VOCAB, min_len: int = 1, name: str = "tokens",
         Val([0.5, 1.0], False, f"{name}=[0.5, 1.0]", w),
         Val([None], False, f"{name}=[None]", w),
         Val(None, False, f"{name}=None", w),
-        Val([], False, f"{name}=[]", w),
+        Val([], empty_ok, f"{name}=[]", () if empty_ok else w),
         Val(torch.ones(2, 2, dtype=torch.long), False, f"{name}=[2, 2]", w),
         Val(np.array([1, 2], dtype=np.float32), False, f"{name}=float32[2]", w),
     ]
@@ -341,16 +344,16 @@ def targets() -> list[Target]:
 
     # -- data.py token functions
     add(Target("data.encode", lambda text: data.encode(tok(), text), {"text": texts()}, check=lambda r: isinstance(r, list)))
-    add(Target("data.decode", lambda ids: data.decode(tok(), ids), {"ids": token_stream(2048, name="ids")},
+    add(Target("data.decode", lambda ids: data.decode(tok(), ids), {"ids": token_stream(2048, name="ids", empty_ok=True)},
                check=lambda r: isinstance(r, str)))
     add(Target("data.token_str", lambda token_id: data.token_str(tok(), token_id),
                {"token_id": ints("token", 0, 2047, extra_invalid=(-1, None))}, check=lambda r: isinstance(r, str)))
-    add(Target("data.token_strs", lambda ids: data.token_strs(tok(), ids), {"ids": token_stream(2048, name="ids")},
+    add(Target("data.token_strs", lambda ids: data.token_strs(tok(), ids), {"ids": token_stream(2048, name="ids", empty_ok=True)},
                check=lambda r: isinstance(r, list)))
     add(Target("data.token_id", lambda s: data.token_id(tok(), s), {"s": token_strings(ids_ok=False, name="s")},
                check=lambda r: isinstance(r, int) and 0 <= r < 2048))
     add(Target("data.check_token_ids", lambda ids: data.check_token_ids(ids, D_VOCAB),
-               {"ids": [v if "[2, 2]" not in v.label else Val(v.value, True, v.label) for v in token_stream(name="ids")]}))
+               {"ids": [v if "[2, 2]" not in v.label else Val(v.value, True, v.label) for v in token_stream(name="ids", empty_ok=True)]}))
     add(Target("data.tokenize_documents", lambda text: data.tokenize_documents(tok(), [("a.txt", "x = 1"), ("b.txt", text)]),
                {"text": texts()}, check=lambda r: r.dtype == np.uint16 and r.ndim == 1))
     add(Target("data.repeated_random_tokens",
@@ -360,7 +363,7 @@ def targets() -> list[Target]:
                check=lambda r: r.ndim == 2 and r.dtype == torch.long))
     add(Target("data.random_windows",
                lambda tokens, batch_size, n_ctx: data.random_windows(tokens, batch_size, n_ctx, torch.Generator().manual_seed(0)),
-               {"tokens": token_stream(model_free=True), "batch_size": sizes("batch_size", 1), "n_ctx": sizes("n_ctx", 1)},
+               {"tokens": token_stream(model_free=True, empty_ok=True), "batch_size": sizes("batch_size", 1), "n_ctx": sizes("n_ctx", 1)},
                extra=lambda tokens, batch_size, n_ctx: (row_len(tokens) >= n_ctx, ("n_ctx", "token")),
                check=lambda r: r.ndim == 2))
     add(Target("data.repeated_windows",
@@ -451,7 +454,7 @@ def targets() -> list[Target]:
     add(Target("scores.value_weighted_pattern", lambda layer, head: S.value_weighted_pattern(m2, _cache2(), layer, head),
                {**L, "head": heads_of_layer()}, check=lambda r: r.ndim == 3))
     add(Target("scores.repeated_spans", lambda tokens, min_len, min_gap: S.repeated_spans(tokens, min_len, min_gap),
-               {"tokens": token_stream(model_free=True), "min_len": sizes("min_len", 1), "min_gap": sizes("min_gap", 1)},
+               {"tokens": token_stream(model_free=True, empty_ok=True), "min_len": sizes("min_len", 1), "min_gap": sizes("min_gap", 1)},
                check=lambda r: isinstance(r, list)))
     add(Target("HeadScores.best", lambda score, layer: _head_scores().best(score, layer),
                {"score": [Val("copying", True, "score=copying"), Val("previous_token", True, "score=previous_token"),
@@ -468,10 +471,10 @@ def targets() -> list[Target]:
                {"steps": sizes("steps", 1), "batch_size": sizes("batch_size", 1)}, check=lambda r: len(r) >= 1, examples=3))
 
     # -- circuits/bigrams.py
-    add(Target("bigrams.count_bigrams", lambda tokens: bigrams.count_bigrams(tokens, D_VOCAB), {"tokens": token_stream()},
+    add(Target("bigrams.count_bigrams", lambda tokens: bigrams.count_bigrams(tokens, D_VOCAB), {"tokens": token_stream(empty_ok=True)},
                check=shape(D_VOCAB, D_VOCAB)))
     add(Target("bigrams.bigram_count_table", lambda prev: bigrams.bigram_count_table(prev, prev, [1] * _len(prev), D_VOCAB),
-               {"prev": token_stream(name="prev")}, check=shape(D_VOCAB, D_VOCAB)))
+               {"prev": token_stream(name="prev", empty_ok=True)}, check=shape(D_VOCAB, D_VOCAB)))
     add(Target("bigrams.resolve_token", lambda token: bigrams.resolve_token(tok(), token, 2048), {"token": token_strings()},
                check=lambda r: isinstance(r, int)))
     add(Target("bigrams.top_next_tokens", lambda token, k: bigrams.top_next_tokens(_logp(), token, k),

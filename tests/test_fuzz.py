@@ -11,7 +11,7 @@ import pytest
 from fuzz_harness import run, targets
 
 TARGETS = targets()
-EXAMPLES = 8  # per function; the explorers (which draw a figure) take their own smaller number
+EXAMPLES = 6  # per function; the explorers (which draw a figure) take their own smaller number
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
