@@ -191,7 +191,7 @@ def test_writer_must_come_before_reader(tiny_model):
         composition_scores(tiny_model, writer_layer=1, reader_layer=1)
     with pytest.raises(IndexError, match="valid heads: 0..3"):
         composition_score(tiny_model, "v", writer=(0, 9), reader=(1, 0))
-    with pytest.raises(IndexError, match="reader_layer=2 does not exist"):
+    with pytest.raises(IndexError, match="reader_layer 2 does not exist"):
         composition_scores(tiny_model, reader_layer=2)
     with pytest.raises(ValueError, match="use 'q', 'k' or 'v'"):
         composition_score(tiny_model, "o", writer=(0, 0), reader=(1, 0))
@@ -219,5 +219,19 @@ def test_expansion_refuses_three_layers_and_short_input():
     assert composition_scores(model, writer_layer=0, reader_layer=2).k.shape == (2, 2)  # any earlier/later pair
     with pytest.raises(ValueError, match="exactly two layers"):
         two_layer_path_expansion(model, torch.zeros(1, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="at least 2 tokens"):
+    with pytest.raises(ValueError, match="term importance .*needs at least 2"):
         term_importance(zero_model(), torch.zeros(1, 1, dtype=torch.long))
+
+
+def test_virtual_head_indices_never_wrap(tiny_model):
+    _, cache = tiny_model.run_with_cache(torch.randint(0, 50, (1, 6)))
+    with pytest.raises(IndexError, match="writer -1 does not exist; valid heads: 0..3"):
+        virtual_head_pattern(cache, writer=-1, reader=0)  # once head 3
+    with pytest.raises(TypeError, match="reader must be an int, got 1.9"):
+        virtual_head_pattern(cache, writer=0, reader=1.9)  # once head 1
+    with pytest.raises(TypeError, match="writer must be an int, got 0.5"):
+        virtual_ov_circuit(tiny_model, 0.5, 1)
+    with pytest.raises(TypeError, match=r"writer must be a \(layer, head\) pair of ints, got 0"):
+        composition_score(tiny_model, "q", 0, (1, 0))
+    with pytest.raises(TypeError, match="reader must be an int, got None"):
+        composition_score(tiny_model, "q", (0, 1), (1, None))

@@ -79,7 +79,7 @@ def test_repeated_random_tokens():
     assert t.shape == (3, 31) and torch.all(t[:, 0] == 0) and torch.all(t[:, 1:] > 0)
     assert torch.equal(t[:, 1:11], t[:, 11:21]) and torch.equal(t[:, 1:11], t[:, 21:31])
     assert torch.equal(t, data.repeated_random_tokens(3, 10, n_repeats=3, d_vocab=100, seed=1))
-    with pytest.raises(ValueError, match="seq_len <= 63"):
+    with pytest.raises(ValueError, match="maximum seq_len for 2 copies is 63"):
         data.repeated_random_tokens(1, 64, n_repeats=2, n_ctx=128)
 
 
@@ -90,3 +90,35 @@ def test_bad_tokenizer_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="corrupt"):
         data.load_tokenizer(bad)
+
+
+def test_uint16_token_arrays_from_tokenize_documents_are_model_input(tokenizer):
+    from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+
+    stream = data.tokenize_documents(tokenizer, [("a.py", "def f(x):\n    return x\n")])
+    assert stream.dtype.name == "uint16"
+    model = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32)).eval()
+    logits = model(stream)  # once refused with '"min_all" not implemented for UInt16'
+    torch.testing.assert_close(logits, model(torch.as_tensor(stream.astype("int64"))))
+    assert data.decode(tokenizer, stream[:-1]) == "def f(x):\n    return x\n"
+
+
+def test_a_lone_surrogate_is_a_clear_error_not_a_deep_type_error(tokenizer):
+    with pytest.raises(ValueError, match=r"text holds a lone surrogate '\\ud800' at index 1"):
+        data.encode(tokenizer, "a\ud800b")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        data.tokenize_documents(tokenizer, [("bad.txt", "x\udcff")])
+    with pytest.raises(ValueError, match="lone surrogate"):
+        data.token_id(tokenizer, "\ud800")
+    with pytest.raises(TypeError, match="text must be a str, got NoneType"):
+        data.encode(tokenizer, None)
+
+
+def test_token_ids_are_integers_in_the_vocabulary(tokenizer):
+    with pytest.raises(TypeError, match="ids must be integer token ids"):
+        data.decode(tokenizer, [0.5, 1.0])  # once silently decoded as [0, 1]
+    with pytest.raises(ValueError, match="token id 2048 is outside the vocabulary"):
+        data.token_str(tokenizer, 2048)  # once the empty string
+    with pytest.raises(TypeError, match="token_id must be an int, got '0'"):
+        data.token_str(tokenizer, "0")
+    assert data.token_strs(tokenizer, torch.tensor([291], dtype=torch.int32)) == ["·self"]

@@ -89,3 +89,15 @@ def test_snapshot_explorer_draws_each_snapshot(tmp_path):
         ex.render(step=15)
     with pytest.raises(IndexError, match="valid layers"):
         snapshot_explorer(ck, toks, layer=2)
+
+
+def test_snapshot_explorer_reads_a_1d_row_as_one_row(tmp_path):
+    torch.manual_seed(0)
+    cfg = AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=16)
+    snaps = {step: state_dict_for_save(AttnOnlyTransformer(cfg)) for step in (0, 10)}
+    ck = load_checkpoint(save_checkpoint(AttnOnlyTransformer(cfg), tmp_path / "ck", CORPUS_DIR / "tokenizer.json", snapshots=snaps))
+    fig = snapshot_explorer(ck, torch.randint(1, 2048, (9,)), layer=1).render()  # one row of 9 tokens
+    assert {im.get_array().shape for a in fig.axes for im in a.images} == {(9, 9)}  # once 1 x 1
+    plt.close(fig)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        snapshot_explorer(ck, [5, 4096], layer=1)

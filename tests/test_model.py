@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,7 +117,7 @@ def test_loss_fn_per_token():
         (torch.tensor([[1, 50]]), ValueError, "outside the vocabulary"),
         (torch.tensor([[-1, 2]]), ValueError, "outside the vocabulary"),
         (torch.zeros(1, 0, dtype=torch.long), ValueError, "empty input"),
-        (torch.zeros(1, 3), TypeError, "integer ids"),
+        (torch.zeros(1, 3), TypeError, "integer token ids"),
     ],
 )
 def test_bad_tokens(tiny_model, tokens, err, match):
@@ -136,3 +137,21 @@ def test_bad_config():
         AttnOnlyConfig(d_model=0)
     with pytest.raises(ValueError, match="unknown config fields"):
         AttnOnlyConfig.from_dict({"n_layers": 1, "d_mlp": 4})
+
+
+def test_head_indices_are_ints_that_exist_and_never_wrap(tiny_model):
+    tokens = torch.tensor([[1, 2, 3]])
+    with pytest.raises(TypeError, match="layer must be an int, got 0.5"):
+        tiny_model(tokens, ablate={(0.5, 1.9): 0.0})  # once head (0, 1) after a deep error
+    with pytest.raises(IndexError, match="head -1 does not exist; valid heads: 0..3"):
+        tiny_model(tokens, ablate={(0, -1): 0.0})  # once head 3
+    with pytest.raises(TypeError, match="head must be an int, got None"):
+        tiny_model.check_head(0, None)
+    with pytest.raises(TypeError, match="head must be an int, got '0'"):
+        tiny_model.check_head(0, "0")
+    tiny_model.check_head(np.int64(1), torch.tensor(3))  # numpy and 0-d tensor indices are fine
+
+
+def test_loss_fn_refuses_one_token_rows_instead_of_nan():
+    with pytest.raises(ValueError, match="a next-token loss needs at least 2"):
+        loss_fn(torch.zeros(2, 1, 10), torch.zeros(2, 1, dtype=torch.long))

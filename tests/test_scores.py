@@ -9,6 +9,7 @@ must break it, and no one-layer model can do the same.
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +19,6 @@ from attncircuits.scores import (
     ablated_loss,
     ablation_effects,
     as_heads,
-    check_repeat_fits,
     copying_scores,
     head_scores,
     icl_positions,
@@ -267,8 +267,8 @@ def test_repeated_lengths_that_do_not_fit_name_the_maximum(tiny_model):
         prefix_matching_scores(tiny_model)  # Olsson's 25 x 4 does not fit n_ctx=16
     with pytest.raises(ValueError, match="maximum seq_len for 3 copies is 5"):
         repeated_loss_curve(tiny_model, seq_len=6, n_repeats=3)
-    with pytest.raises(ValueError, match="at least 1"):
-        check_repeat_fits(tiny_model, 0)
+    with pytest.raises(ValueError, match="seq_len must be at least 1, got 0"):
+        repeated_tokens(tiny_model, seq_len=0)
 
 
 def test_nonexistent_heads(tiny_model):
@@ -405,3 +405,47 @@ def test_per_token_loss_and_icl_per_row(tiny_model):
     assert rows.mean().item() == pytest.approx(icl_score_from_loss(nll.mean(0), 16), abs=1e-5)
     with pytest.raises(ValueError, match="outside the sequence"):
         icl_scores_per_row(nll[:, :5], 16)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs that once gave NaN or acted as other inputs: now refused, each with a message naming it
+# ----------------------------------------------------------------------------------------------
+def test_one_token_rows_are_refused_not_nan(tiny_model):
+    one = torch.tensor([[5], [7]])
+    with pytest.raises(ValueError, match="tokens has 1 token.*previous-token score.*needs at least 2"):
+        previous_token_scores(tiny_model, one)  # once all NaN
+    with pytest.raises(ValueError, match="tokens has 1 token.*next-token loss.*needs at least 2"):
+        ablated_loss(tiny_model, one, (0, 1))  # once nan
+    with pytest.raises(ValueError, match="tokens has 1 token"):
+        per_position_loss(tiny_model, one)
+    with pytest.raises(ValueError, match=r"seq_len must be at least 2 \(the loss of a copy"):
+        repeated_token_loss(tiny_model, seq_len=1)  # once NaN
+    with pytest.raises(ValueError, match=r"n_repeats must be at least 2 \(prefix matching is measured on the later copies"):
+        prefix_matching_scores(tiny_model, seq_len=3, n_repeats=1)  # once NaN
+    # the smallest valid inputs give finite numbers
+    assert torch.isfinite(previous_token_scores(tiny_model, torch.tensor([[5, 7]]))).all()
+    assert math.isfinite(repeated_token_loss(tiny_model, seq_len=2, batch_size=2).second)
+    assert torch.isfinite(prefix_matching_scores(tiny_model, seq_len=2, n_repeats=2, batch_size=2)).all()
+
+
+def test_heads_are_int_pairs_that_exist(tiny_model):
+    toks = torch.randint(0, 50, (2, 8))
+    with pytest.raises(TypeError, match="layer must be an int, got 0.5"):
+        zero_ablation(tiny_model, (0.5, 1.9))  # once head (0, 1)
+    with pytest.raises(TypeError, match="head must be an int, got None"):
+        ablated_loss(tiny_model, toks, (0, None))  # once a deep TypeError
+    with pytest.raises(TypeError, match=r"a head must be a \(layer, head\) pair of ints, got '0'"):
+        zero_ablation(tiny_model, ["0"])
+    with pytest.raises(TypeError, match=r"heads must be a \(layer, head\) pair or a list of them, got '0'"):
+        zero_ablation(tiny_model, "0")
+    # numpy indices and lists as pairs are heads too
+    assert as_heads(tiny_model, [(np.int64(1), 2), [0, 3]]) == [(1, 2), (0, 3)]
+    assert zero_ablation(tiny_model, (np.int64(1), 2)) == {"ablate": {(1, 2): 0.0}}
+
+
+def test_uint16_and_list_tokens_give_the_same_scores(tiny_model):
+    toks = torch.randint(1, 50, (2, 10), generator=torch.Generator().manual_seed(0))
+    want = previous_token_scores(tiny_model, toks)
+    torch.testing.assert_close(previous_token_scores(tiny_model, toks.numpy().astype(np.uint16)), want)
+    torch.testing.assert_close(previous_token_scores(tiny_model, toks.tolist()), want)
+    assert ablated_loss(tiny_model, toks.numpy().astype(np.uint16)) == pytest.approx(ablated_loss(tiny_model, toks))

@@ -150,6 +150,9 @@ class FakeTokenizer:
 
         return E()
 
+    def get_vocab_size(self):
+        return 50
+
     def decode(self, ids, skip_special_tokens=False):
         inv = {v: k for k, v in self.vocab.items()}
         return "".join(inv.get(i, "?") for i in ids)

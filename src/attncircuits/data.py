@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from . import validate
+
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 2048
 #: directories of the standard library left out: test suites are mostly synthetic strings.
@@ -166,17 +168,21 @@ def load_tokenizer(path: str | Path):
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text).ids
+    """The token ids of ``text`` (a ``str`` of valid Unicode)."""
+    return tokenizer.encode(validate.text(text)).ids
 
 
 def decode(tokenizer, ids: Iterable[int]) -> str:
-    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+    """The text of a 1-D sequence of token ids (a list, array or tensor)."""
+    ids = validate.token_ids(ids, tokenizer.get_vocab_size(), "ids", ndim=1)
+    return tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
 
 def tokenize_documents(tokenizer, docs: Sequence[tuple[str, str]]) -> np.ndarray:
     """All documents as one uint16 stream, each followed by ``<|endoftext|>``."""
     eot = tokenizer.token_to_id(EOT)
-    encs = tokenizer.encode_batch([t for _, t in docs])
+    texts = [validate.text(t, f"the text of document {name!r}") for name, t in docs]
+    encs = tokenizer.encode_batch(texts)
     out = []
     for e in encs:
         out.extend(e.ids)
@@ -191,11 +197,13 @@ def visible(s: str) -> str:
 
 def token_str(tokenizer, token_id: int) -> str:
     """One token as readable text (whitespace made visible)."""
-    return visible(decode(tokenizer, [token_id]))
+    return visible(tokenizer.decode([validate.token_id(token_id, tokenizer.get_vocab_size(), "token_id")], skip_special_tokens=False))
 
 
 def token_strs(tokenizer, ids: Iterable[int]) -> list[str]:
-    return [token_str(tokenizer, int(i)) for i in ids]
+    """Each token of a 1-D sequence of ids as readable text."""
+    ids = validate.token_ids(ids, tokenizer.get_vocab_size(), "ids", ndim=1)
+    return [visible(tokenizer.decode([i], skip_special_tokens=False)) for i in ids.tolist()]
 
 
 def token_id(tokenizer, s: str) -> int:
@@ -203,19 +211,12 @@ def token_id(tokenizer, s: str) -> int:
 
     Raises a ValueError that lists the pieces when the string splits into several tokens.
     """
-    raw = "".join({v: k for k, v in _VISIBLE.items()}.get(c, c) for c in s)
-    ids = encode(tokenizer, raw)
-    if len(ids) != 1:
-        pieces = token_strs(tokenizer, ids)
-        raise ValueError(f"{s!r} is not a single token: it splits into {len(ids)} tokens {pieces}")
-    return ids[0]
+    return validate.token(tokenizer, s, ids=False)
 
 
 def check_token_ids(ids: Sequence[int] | Tensor, d_vocab: int) -> None:
-    t = torch.as_tensor(ids)
-    if t.numel() and (t.min() < 0 or t.max() >= d_vocab):
-        bad = int(t[(t < 0) | (t >= d_vocab)][0])
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {d_vocab}); check the tokenizer")
+    """Raise a clear error unless ``ids`` (any shape) are integer ids in ``[0, d_vocab)``."""
+    validate.token_ids(ids, d_vocab, "ids")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +226,8 @@ def random_windows(
     tokens: np.ndarray | Tensor, batch_size: int, n_ctx: int, generator: torch.Generator
 ) -> Int[Tensor, "batch pos"]:
     """``batch_size`` windows of ``n_ctx`` consecutive tokens at random offsets."""
-    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    tokens = validate.token_ids(tokens, None, "tokens", ndim=1)
+    batch_size, n_ctx = validate.count(batch_size, "batch_size"), validate.count(n_ctx, "n_ctx")
     if len(tokens) < n_ctx:
         raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than n_ctx={n_ctx}")
     starts = torch.randint(0, len(tokens) - n_ctx + 1, (batch_size,), generator=generator)
@@ -245,7 +247,9 @@ def repeated_windows(
     The window length is drawn per row from ``[min_len, max_len]`` (default ``n_ctx // 2``), so a
     model sees repeats at many distances: the training signal that makes induction heads pay off.
     """
-    max_len = max_len or n_ctx // 2
+    batch_size, n_ctx = validate.count(batch_size, "batch_size"), validate.count(n_ctx, "n_ctx", 2)
+    max_len = validate.count(n_ctx // 2 if max_len is None else max_len, "max_len", 1, n_ctx)
+    min_len = validate.count(min_len, "min_len", 1, max_len, why="the shortest window, at most max_len")
     lens = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator).tolist()
     windows = random_windows(tokens, batch_size, max_len, generator)
     rows = [windows[i, :L].repeat(n_ctx // L + 1)[:n_ctx] for i, L in enumerate(lens)]
@@ -268,16 +272,15 @@ def repeated_random_tokens(
     prefix matching. Token 0 (``<|endoftext|>``) is never drawn; with ``prepend_eot`` it starts
     each row, as a document start does in training.
     """
-    total = seq_len * n_repeats + int(prepend_eot)
-    if seq_len < 1 or n_repeats < 1:
-        raise ValueError("seq_len and n_repeats must be at least 1")
-    if n_ctx is not None and total > n_ctx:
-        max_len = (n_ctx - int(prepend_eot)) // n_repeats
-        raise ValueError(
-            f"{n_repeats} copies of {seq_len} tokens (+{int(prepend_eot)} start token) need "
-            f"{total} positions but n_ctx={n_ctx}; use seq_len <= {max_len}"
-        )
-    g = torch.Generator().manual_seed(seed)
+    seq_len, n_repeats = validate.repeats(seq_len, n_repeats, n_ctx, prepend_eot)
+    batch_size = validate.count(batch_size, "batch_size")
+    d_vocab = validate.count(d_vocab, "d_vocab", 2, why="token 0 is never drawn")
+    return _repeated_rows(batch_size, seq_len, n_repeats, d_vocab, seed, prepend_eot)
+
+
+def _repeated_rows(batch_size: int, seq_len: int, n_repeats: int, d_vocab: int, seed: int, prepend_eot: bool = True) -> Tensor:
+    """:func:`repeated_random_tokens` for checked arguments (callers that checked them already)."""
+    g = torch.Generator().manual_seed(int(seed))
     seq = torch.randint(1, d_vocab, (batch_size, seq_len), generator=g)
     rows = seq.repeat(1, n_repeats)
     if prepend_eot:

@@ -22,7 +22,8 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-Head = tuple[int, int]  # (layer, head)
+from . import validate
+from .validate import Head
 
 
 @dataclass
@@ -126,8 +127,7 @@ class AttnOnlyTransformer(nn.Module):
 
     # Shortcuts with the paper's names: model.W_Q[layer] is [n_heads, d_model, d_head].
     def _stack(self, name: str) -> Tensor:
-        if not self.blocks:
-            raise ValueError("this model has no attention layers (n_layers=0), so it has no " + name)
+        validate.depth(self, name)
         return torch.stack([getattr(b, name) for b in self.blocks])
 
     W_Q = property(lambda self: self._stack("W_Q"))
@@ -136,34 +136,13 @@ class AttnOnlyTransformer(nn.Module):
     W_O = property(lambda self: self._stack("W_O"))
 
     def check_head(self, layer: int, head: int) -> None:
-        """Raise a clear error for a (layer, head) that does not exist."""
-        if not 0 <= layer < self.cfg.n_layers:
-            valid = f"0..{self.cfg.n_layers - 1}" if self.cfg.n_layers else "none: the model has no layers"
-            raise IndexError(f"layer {layer} does not exist; valid layers: {valid}")
-        if not 0 <= head < self.cfg.n_heads:
-            raise IndexError(f"head {head} does not exist; valid heads: 0..{self.cfg.n_heads - 1}")
+        """Raise a clear error for a (layer, head) that does not exist (see :mod:`attncircuits.validate`)."""
+        validate.heads(self, [(layer, head)])
 
     def check_tokens(self, tokens) -> Int[Tensor, "batch pos"]:
-        """Tokens as a [batch, pos] long tensor, with errors that name the fix."""
-        tokens = torch.as_tensor(tokens)
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [pos] or [batch, pos], got shape {tuple(tokens.shape)}")
-        if tokens.shape[1] == 0 or tokens.shape[0] == 0:
-            raise ValueError("empty input: pass at least one token")
-        if tokens.shape[1] > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence has {tokens.shape[1]} tokens but the model has n_ctx={self.cfg.n_ctx}; "
-                "pass a shorter text or split it into windows"
-            )
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.d_vocab:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.d_vocab}); check the tokenizer")
-        return tokens.long().to(self.W_E.device)
+        """Tokens (a list, numpy array or tensor of ids) as a [batch, pos] long tensor, with errors
+        that name the fix (see :func:`attncircuits.validate.tokens`)."""
+        return validate.tokens(self, tokens)
 
     def forward(
         self,
@@ -178,14 +157,14 @@ class AttnOnlyTransformer(nn.Module):
         zero-ablates it; a tensor replaces it; a callable maps the real output to a new one.
         ``patterns`` replaces a head's attention pattern ``[batch, q, k]`` (freeze or edit it).
         """
-        tokens = self.check_tokens(tokens)
+        tokens = validate.tokens(self, tokens)
         per_layer_out: list[dict] = [{} for _ in self.blocks]
         per_layer_pat: list[dict] = [{} for _ in self.blocks]
-        for (l, h), v in (ablate or {}).items():
-            self.check_head(l, h)
+        for key, v in (ablate or {}).items():
+            l, h = validate.head_pair(self, key)
             per_layer_out[l][h] = torch.as_tensor(v) if isinstance(v, (int, float)) else v
-        for (l, h), p in (patterns or {}).items():
-            self.check_head(l, h)
+        for key, p in (patterns or {}).items():
+            l, h = validate.head_pair(self, key)
             per_layer_pat[l][h] = p
         cache = ActivationCache() if return_cache else None
         resid = self.W_E[tokens]
@@ -208,6 +187,8 @@ class AttnOnlyTransformer(nn.Module):
 
 def loss_fn(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"], per_token: bool = False):
     """Next-token cross-entropy in nats; ``per_token`` gives ``[batch, pos-1]``."""
+    if tokens.shape[-1] < 2:
+        raise ValueError(f"tokens has {tokens.shape[-1]} token per row, but a next-token loss needs at least 2; pass longer rows")
     logprobs = logits[:, :-1].log_softmax(-1)
     nll = -logprobs.gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
     return nll if per_token else nll.mean()

@@ -22,7 +22,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .data import repeated_random_tokens
+from . import validate
+from .data import _repeated_rows
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 
 __all__ = ["SmearedKeyTransformer", "smear_scores", "train_on_repeated_tokens", "varied_repeats"]
@@ -59,11 +60,11 @@ class SmearedKeyTransformer(nn.Module):
 
     def check_tokens(self, tokens) -> Int[Tensor, "batch pos"]:
         """As :meth:`AttnOnlyTransformer.check_tokens` (so the losses of ``scores`` accept this model)."""
-        return self.model.check_tokens(tokens)
+        return validate.tokens(self, tokens)
 
     def patterns(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch head q k"]:
         """The smeared attention patterns."""
-        _, cache = self.model(tokens, return_cache=True)
+        _, cache = self.model(validate.tokens(self, tokens), return_cache=True)
         return smear_scores(cache.attn_scores[0], self.smear).softmax(-1)
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
@@ -75,9 +76,12 @@ def varied_repeats(batch_size: int, n_ctx: int, d_vocab: int, generator: torch.G
     """``[EOT]`` + a random sequence repeated to fill ``n_ctx``, its length drawn per batch from
     ``[min_len, n_ctx / 2)``: the varied lengths leave no fixed offset to attend to, so only
     content (prefix matching) predicts the repeats."""
+    batch_size, min_len = validate.count(batch_size, "batch_size"), validate.count(min_len, "min_len")
+    n_ctx = validate.count(n_ctx, "n_ctx", 2 * min_len + 2, why=f"lengths are drawn from min_len={min_len} to below n_ctx // 2")
+    d_vocab = validate.count(d_vocab, "d_vocab", 2, why="token 0 is never drawn")
     length = int(torch.randint(min_len, n_ctx // 2, (1,), generator=generator))
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    return repeated_random_tokens(batch_size, length, n_ctx // length + 1, d_vocab, seed)[:, :n_ctx]
+    return _repeated_rows(batch_size, length, n_ctx // length + 1, d_vocab, seed)[:, :n_ctx]
 
 
 def train_on_repeated_tokens(
@@ -85,8 +89,7 @@ def train_on_repeated_tokens(
 ) -> list[float]:
     """Train ``model`` (any module mapping tokens to logits with a ``cfg``) for ``steps`` AdamW steps
     on :func:`varied_repeats`; returns the training loss of every step. Seconds on a CPU."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+    steps, batch_size = validate.count(steps, "steps"), validate.count(batch_size, "batch_size")
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)

@@ -308,6 +308,7 @@ def snapshot_explorer(checkpoint, tokens, layer: int = 1, boundaries=(), initial
 
     control = snapshot_steps_control(checkpoint.snapshot_steps)
     checkpoint.model.check_head(layer, 0)
+    tokens = checkpoint.model.check_tokens(tokens)  # [batch, pos]: a 1-D row is one row, not one token
     models: dict[int, Any] = {}
 
     def draw(step):

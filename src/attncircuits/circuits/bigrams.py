@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..data import check_token_ids, token_id
+from .. import validate
 from ..model import AttnOnlyTransformer
 
 __all__ = [
@@ -101,11 +101,8 @@ def count_bigrams(tokens: Int[Tensor, " pos"], d_vocab: int) -> Int[Tensor, "d_v
     Every adjacent pair counts, including those across an ``<|endoftext|>`` separator: the model
     sees those pairs too. One ``bincount`` over the flat index ``a * d_vocab + b``.
     """
-    tokens = torch.as_tensor(tokens)
-    if tokens.ndim != 1:
-        raise ValueError(f"tokens must be one 1-D stream, got shape {tuple(tokens.shape)}; flatten it first")
-    check_token_ids(tokens, d_vocab)
-    tokens = tokens.long()
+    d_vocab = validate.count(d_vocab, "d_vocab")
+    tokens = validate.token_ids(tokens, d_vocab, "tokens", ndim=1)
     flat = tokens[:-1] * d_vocab + tokens[1:]
     return torch.bincount(flat, minlength=d_vocab * d_vocab).view(d_vocab, d_vocab)
 
@@ -117,14 +114,14 @@ def bigram_count_table(
 
     Repeated pairs are summed. One ``index_add_`` into the flat table.
     """
-    prev, nxt, count = (torch.as_tensor(x).long() for x in (prev, nxt, count))
+    d_vocab = validate.count(d_vocab, "d_vocab")
+    prev, nxt = validate.token_ids(prev, d_vocab, "prev"), validate.token_ids(nxt, d_vocab, "nxt")
+    count = validate.int_tensor(count, "count", "bigram counts")
     if not prev.shape == nxt.shape == count.shape or prev.ndim != 1:
         raise ValueError(
             f"prev, nxt and count must be 1-D and of equal length, got {tuple(prev.shape)}, "
             f"{tuple(nxt.shape)}, {tuple(count.shape)}"
         )
-    check_token_ids(prev, d_vocab)
-    check_token_ids(nxt, d_vocab)
     if count.numel() and count.min() < 0:
         raise ValueError("bigram counts must be non-negative")
     flat = torch.zeros(d_vocab * d_vocab, dtype=torch.long)
@@ -256,8 +253,7 @@ def topk_agreement(
 def _top_ids(table: Tensor, counts: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The top-``k`` next tokens per row of a table and of the counts (best first)."""
     V = counts.shape[-1]
-    if not 1 <= k <= V:
-        raise ValueError(f"k must be between 1 and d_vocab={V}, got {k}")
+    k = validate.count(k, "k", 1, V, why="the table's d_vocab")
     # an exact integer key: a higher count always wins, and among equal counts the lower id
     key = counts.long() * (V + 1) + (V - torch.arange(V))
     return table.detach().topk(k, dim=-1).indices, key.topk(k, dim=-1).indices
@@ -341,21 +337,7 @@ def resolve_token(tokenizer, token: int | str, d_vocab: int) -> int:
     Raises ``ValueError`` naming the pieces when the string splits into several tokens, and when
     an id is outside ``[0, d_vocab)``.
     """
-    if isinstance(token, bool):
-        raise TypeError("token must be an id (int) or a one-token string, got a bool")
-    if isinstance(token, str):
-        if not token:
-            raise ValueError("empty string: type one token, e.g. '·self' (· stands for a space)")
-        try:
-            return token_id(tokenizer, token)
-        except ValueError as err:
-            raise ValueError(f"{err}; pick one of those pieces, or an id in [0, {d_vocab})") from None
-    if isinstance(token, Tensor):
-        token = int(token)
-    if not isinstance(token, int):
-        raise TypeError(f"token must be an id (int) or a one-token string, got {type(token).__name__}")
-    check_token_ids([token], d_vocab)
-    return token
+    return validate.token(tokenizer, token, d_vocab)
 
 
 def top_next_tokens(
@@ -363,8 +345,7 @@ def top_next_tokens(
 ) -> tuple[Int[Tensor, " k"], Float[Tensor, " k"]]:
     """The ``k`` most likely next tokens after ``token`` and their probabilities, best first."""
     V = log_probs.shape[0]
-    check_token_ids([token], V)
-    if not 1 <= k <= V:
-        raise ValueError(f"k must be between 1 and d_vocab={V}, got {k}")
+    token = validate.token_id(token, V)
+    k = validate.count(k, "k", 1, V, why="the table's d_vocab")
     lp, ids = log_probs.detach()[token].topk(k)
     return ids, lp.exp()

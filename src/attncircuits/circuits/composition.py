@@ -34,6 +34,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .. import validate
 from ..model import AttnOnlyTransformer
 from .factored import FactoredMatrix
 
@@ -43,7 +44,6 @@ __all__ = [
     "CompositionScores",
     "TermImportance",
     "TwoLayerPaths",
-    "check_two_layers",
     "composition_score",
     "composition_scores",
     "random_composition_baseline",
@@ -66,26 +66,16 @@ def _check_kind(kind: str) -> str:
     return k
 
 
-def check_two_layers(model: AttnOnlyTransformer, what: str = "composition") -> None:
-    """Raise a clear error for a model with fewer than two layers."""
-    n = model.cfg.n_layers
-    if n < 2:
-        raise ValueError(
-            f"{what} needs two layers (a later head reading an earlier one), but this model has "
-            f"n_layers={n}; load a two-layer model, e.g. load_pretrained('attn-only-2l')"
-        )
-
-
-def _check_pair(model: AttnOnlyTransformer, writer: Head, reader: Head) -> None:
-    check_two_layers(model)
-    model.check_head(*writer)
-    model.check_head(*reader)
+def _check_pair(model: AttnOnlyTransformer, writer: Head, reader: Head) -> tuple[Head, Head]:
+    validate.depth(model, "composition", at_least=2)
+    writer, reader = validate.head_pair(model, writer, "writer"), validate.head_pair(model, reader, "reader")
     if writer[0] >= reader[0]:
         raise ValueError(
             f"writer head {tuple(writer)} must be in an earlier layer than reader head {tuple(reader)}: "
             "a head composes with what an earlier layer wrote. Pass a layer-0 head as the writer and "
             "a layer-1 head as the reader, e.g. writer=(0, h1), reader=(1, h2)"
         )
+    return writer, reader
 
 
 # ---- composition scores, on the factors --------------------------------------------------------
@@ -116,7 +106,7 @@ def composition_score(model: AttnOnlyTransformer, kind: str, writer: Head, reade
     1 when the reader reads exactly the subspace the writer writes, 0 when they are orthogonal.
     """
     kind = _check_kind(kind)
-    _check_pair(model, writer, reader)
+    writer, reader = _check_pair(model, writer, reader)
     w = _circuits(model, writer[0])["ov"][writer[1]]
     r = _circuits(model, reader[0])[kind][reader[1]]
     return float((w @ r).norm() / (w.norm() * r.norm()))
@@ -150,8 +140,12 @@ def random_composition_baseline(
     accepted to sample "the same scale" as a model literally. One random writer head (``W_V, W_O``)
     and one random reader head (``W_Q, W_K, W_V, W_O``) per sample; each kind reads its own input.
     """
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be at least 2 to measure a spread, got {n_samples}")
+    d_model, d_head = validate.count(d_model, "d_model"), validate.count(d_head, "d_head")
+    n_samples = validate.count(n_samples, "n_samples", 2, why="to measure a spread")
+    return _random_baseline(d_model, d_head, n_samples, seed, scales)
+
+
+def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int, scales: dict[str, float] | None) -> CompositionBaseline:
     g = torch.Generator().manual_seed(seed)
     s = {"W_Q": 1.0, "W_K": 1.0, "W_V": 1.0, "W_O": 1.0, **(scales or {})}
 
@@ -209,10 +203,10 @@ def composition_scores(
 ) -> CompositionScores:
     """All ``3 x n_heads²`` composition scores between ``writer_layer`` and ``reader_layer``, with a
     random baseline of ``n_baseline`` samples per kind drawn with the model's shapes and scales."""
-    check_two_layers(model)
-    for name, layer in (("writer_layer", writer_layer), ("reader_layer", reader_layer)):
-        if not 0 <= layer < model.cfg.n_layers:
-            raise IndexError(f"{name}={layer} does not exist; valid layers: 0..{model.cfg.n_layers - 1}")
+    validate.depth(model, "composition", at_least=2)
+    writer_layer = validate.layer(model, writer_layer, "writer_layer")
+    reader_layer = validate.layer(model, reader_layer, "reader_layer")
+    n_baseline = validate.count(n_baseline, "n_baseline", 2, why="to measure a spread")
     if writer_layer >= reader_layer:
         raise ValueError(
             f"writer_layer={writer_layer} must come before reader_layer={reader_layer}: a head composes with "
@@ -221,7 +215,7 @@ def composition_scores(
     w, r = _circuits(model, writer_layer), _circuits(model, reader_layer)
     scores = {kind: _scores_from_factors(w["ov"], r[kind]).float() for kind in KINDS}
     scales = {n: float(getattr(model, n).std()) for n in ("W_Q", "W_K", "W_V", "W_O")}
-    base = random_composition_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed, scales)
+    base = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_baseline, seed, scales)
     return CompositionScores(**scores, baseline=base, writer_layer=writer_layer, reader_layer=reader_layer)
 
 
@@ -289,22 +283,13 @@ class TwoLayerPaths:
         }
 
 
-def check_exactly_two_layers(model: AttnOnlyTransformer, what: str = "the 2-layer path expansion") -> None:
-    check_two_layers(model, what)
-    if model.cfg.n_layers != 2:
-        raise ValueError(
-            f"{what} is written for exactly two layers (direct, single-head and virtual-head terms); "
-            f"this model has n_layers={model.cfg.n_layers}. Use a 2-layer model such as attn-only-2l"
-        )
-
-
 @torch.no_grad()
 def two_layer_path_expansion(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], cache=None) -> TwoLayerPaths:
     """Split a 2-layer model's final residual stream on ``tokens`` into direct, single-head and
     virtual-head paths (see :class:`TwoLayerPaths`), each computed from the weights and the
     attention patterns of a forward pass (``cache``, run here if not given)."""
-    check_exactly_two_layers(model)
-    tokens = model.check_tokens(tokens)
+    validate.depth(model, "the 2-layer path expansion", at_least=2, exactly=2)
+    tokens = validate.tokens(model, tokens)
     if cache is None:
         _, cache = model.run_with_cache(tokens)
     A0, A1 = cache.pattern  # [batch, head, q, k]
@@ -325,15 +310,18 @@ def two_layer_path_expansion(model: AttnOnlyTransformer, tokens: Int[Tensor, "ba
 def virtual_head_pattern(cache, writer: int, reader: int) -> Float[Tensor, "batch q k"]:
     """The attention pattern of virtual head ``reader ∘ writer``: ``A^{1,reader} @ A^{0,writer}``
     (query q reads position j through the layer-1 head, which read position k through the layer-0 head)."""
+    if len(cache.pattern) != 2:
+        raise ValueError(f"a virtual head needs the cache of a 2-layer model, this one has {len(cache.pattern)} layer(s)")
+    n_heads = cache.pattern[0].shape[1]
+    writer, reader = validate.in_range(writer, n_heads, "writer", "heads"), validate.in_range(reader, n_heads, "reader", "heads")
     return cache.pattern[1][:, reader] @ cache.pattern[0][:, writer]
 
 
 def virtual_ov_circuit(model: AttnOnlyTransformer, writer: int, reader: int) -> FactoredMatrix:
     """Full OV circuit of virtual head ``(1, reader) ∘ (0, writer)``: ``W_E W_OV^{0,w} W_OV^{1,r} W_U``,
     ``[d_vocab (source token), d_vocab (output logit)]`` like a single head's, rank <= d_head."""
-    check_exactly_two_layers(model, "a virtual head")
-    model.check_head(0, writer)
-    model.check_head(1, reader)
+    validate.depth(model, "a virtual head", at_least=2, exactly=2)
+    writer, reader = validate.head(model, writer, "writer"), validate.head(model, reader, "reader")
     b0, b1 = model.blocks
     with torch.no_grad():
         first = FactoredMatrix(model.W_E @ b0.W_V[writer], b0.W_O[writer])
@@ -380,8 +368,7 @@ class TermImportance:
     def gain_layer(self, layer: int, last: bool = False) -> float:
         """Single-head terms of one layer, added to the direct path alone (``last=False``) or added
         last, after the other layer's (``last=True``). Losses are not additive, so the two differ."""
-        if layer not in (0, 1):
-            raise ValueError(f"layer must be 0 or 1 in a 2-layer model, got {layer}")
+        layer = validate.layer(2, layer)  # a 2-layer model's
         if last:
             return (self.direct_layer1 if layer == 0 else self.direct_layer0) - self.first_order
         return self.direct - (self.direct_layer0 if layer == 0 else self.direct_layer1)
@@ -417,10 +404,9 @@ def term_importance(
     ``d_vocab x d_vocab`` table ``W_E W_U``; the full loss comes from the forward pass's own logits.
     Memory is one batch of ``batch_size`` rows of logits at a time.
     """
-    check_exactly_two_layers(model, "term importance")
-    tokens = model.check_tokens(tokens)
-    if tokens.shape[1] < 2:
-        raise ValueError("term importance needs sequences of at least 2 tokens (one prediction)")
+    validate.depth(model, "term importance", at_least=2, exactly=2)
+    tokens = validate.tokens(model, tokens, 2, "term importance (one prediction)")
+    batch_size = validate.count(batch_size, "batch_size")
     b1 = model.blocks[1]
     W_U = model.W_U
     bigram = model.W_E @ W_U  # the direct path's logits for every current token

@@ -26,6 +26,7 @@ from einops import einsum, reduce
 from jaxtyping import Complex, Float
 from torch import Tensor
 
+from .. import validate
 from ..model import AttnOnlyTransformer
 
 __all__ = [
@@ -279,13 +280,18 @@ class FactoredMatrix:
 # ------------------------------------------------------------------------------------------------
 # The circuits of a head
 # ------------------------------------------------------------------------------------------------
-def _heads(model: AttnOnlyTransformer, layer: int, head: int | None) -> slice | int:
-    if model.cfg.n_layers == 0:
-        raise ValueError(
-            "this model has no attention layers (n_layers=0), so it has no heads; load a 1- or 2-layer model"
-        )
-    model.check_head(layer, 0 if head is None else head)
-    return slice(None) if head is None else head
+def _checked(model: AttnOnlyTransformer, layer: int, head: int | None) -> tuple[int, slice | int]:
+    """The layer and head (``None``: every head, a slice) of a public call, checked once."""
+    validate.depth(model, "heads")
+    layer = validate.layer(model, layer)
+    return layer, slice(None) if head is None else validate.head(model, head)
+
+
+def _ov(model: AttnOnlyTransformer, layer: int, h: slice | int) -> FactoredMatrix:
+    """:func:`full_ov_circuit` for a checked layer and head (callers that checked them already)."""
+    blk = model.blocks[layer]
+    with torch.no_grad():
+        return FactoredMatrix(model.W_E @ blk.W_V[h], blk.W_O[h] @ model.W_U)
 
 
 def full_ov_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> FactoredMatrix:
@@ -294,14 +300,11 @@ def full_ov_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = N
     Factored as ``(W_E W_V) [d_vocab, d_head] @ (W_O W_U) [d_head, d_vocab]``. ``head=None`` gives all
     heads of the layer at once, ``[n_heads, d_vocab, d_vocab]``.
     """
-    h = _heads(model, layer, head)
-    blk = model.blocks[layer]
-    with torch.no_grad():
-        return FactoredMatrix(model.W_E @ blk.W_V[h], blk.W_O[h] @ model.W_U)
+    return _ov(model, *_checked(model, layer, head))
 
 
-def _qk(model, layer, head, left: Tensor, right: Tensor) -> FactoredMatrix:
-    h = _heads(model, layer, head)
+def _qk(model, layer: int, h: slice | int, left: Tensor, right: Tensor) -> FactoredMatrix:
+    """A QK circuit part for a checked layer and head, ``left`` and ``right`` the query and key inputs."""
     blk = model.blocks[layer]
     scale = 1 / math.sqrt(model.cfg.d_head)
     with torch.no_grad():
@@ -314,13 +317,13 @@ def full_qk_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = N
     Row = destination (query) token, column = source (key) token; an entry is the score the head
     adds before its softmax when the destination token looks at the source token.
     """
-    return _qk(model, layer, head, model.W_E, model.W_E)
+    return _qk(model, *_checked(model, layer, head), model.W_E, model.W_E)
 
 
 def positional_qk_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> FactoredMatrix:
     """``W_pos W_Q^h (W_pos W_K^h)^T / sqrt(d_head)``: the position-position part of the score,
     ``[n_ctx (query position), n_ctx (key position)]``; it makes previous- and current-token heads."""
-    return _qk(model, layer, head, model.W_pos, model.W_pos)
+    return _qk(model, *_checked(model, layer, head), model.W_pos, model.W_pos)
 
 
 @dataclass
@@ -336,6 +339,10 @@ class QKParts:
 
     def score(self, q_token: int, q_pos: int, k_token: int, k_pos: int) -> Float[Tensor, "*batch"]:
         """The pre-softmax score of one (query, key) pair, summed from the four parts."""
+        q_token = validate.token_id(q_token, self.token_token.ldim, "q_token")
+        k_token = validate.token_id(k_token, self.token_token.rdim, "k_token")
+        q_pos = validate.in_range(q_pos, self.pos_pos.ldim, "q_pos", "positions")
+        k_pos = validate.in_range(k_pos, self.pos_pos.rdim, "k_pos", "positions")
         parts = [
             self.token_token.restrict([q_token], [k_token]),
             self.token_pos.restrict([q_token], [k_pos]),
@@ -347,12 +354,13 @@ class QKParts:
 
 def qk_circuit_parts(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> QKParts:
     """All four parts of the QK circuit (positions enter only the queries and keys)."""
+    layer, h = _checked(model, layer, head)
     E, P = model.W_E, model.W_pos
     return QKParts(
-        token_token=_qk(model, layer, head, E, E),
-        token_pos=_qk(model, layer, head, E, P),
-        pos_token=_qk(model, layer, head, P, E),
-        pos_pos=_qk(model, layer, head, P, P),
+        token_token=_qk(model, layer, h, E, E),
+        token_pos=_qk(model, layer, h, E, P),
+        pos_token=_qk(model, layer, h, P, E),
+        pos_pos=_qk(model, layer, h, P, P),
     )
 
 
@@ -377,10 +385,9 @@ def mean_attention_by_offset(
 def positional_attention(model: AttnOnlyTransformer, layer: int, n_pos: int | None = None) -> Float[Tensor, "head q k"]:
     """The pattern each head would have from positions alone: the causal softmax of its
     position-position scores (token parts left out), ``[n_heads, n_pos, n_pos]``."""
-    n_pos = n_pos or model.cfg.n_ctx
-    if not 1 <= n_pos <= model.cfg.n_ctx:
-        raise ValueError(f"n_pos must be in 1..{model.cfg.n_ctx} (the model's n_ctx), got {n_pos}")
-    scores = positional_qk_circuit(model, layer).restrict(range(n_pos), range(n_pos)).dense()
+    layer, h = _checked(model, layer, None)
+    n_pos = validate.count(model.cfg.n_ctx if n_pos is None else n_pos, "n_pos", 1, model.cfg.n_ctx, why="the model's n_ctx")
+    scores = _qk(model, layer, h, model.W_pos, model.W_pos).restrict(range(n_pos), range(n_pos)).dense()
     mask = torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool))
     return scores.masked_fill(~mask, float("-inf")).softmax(-1)
 
@@ -396,8 +403,7 @@ def positional_heads(
     the last ``window`` tokens together (offsets ``0..window-1``). Returns ``{head: (kind, attention
     there)}``; heads that attend by token content are not listed.
     """
-    if window < 1:
-        raise ValueError(f"window must be at least 1 token, got {window}")
+    window = validate.count(window, "window", why="tokens of the recent window")
     prof = mean_attention_by_offset(positional_attention(model, layer, n_pos)[None], max_offset=window - 1)
     found = {}
     for h in range(model.cfg.n_heads):

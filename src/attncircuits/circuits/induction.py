@@ -27,33 +27,33 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .. import validate
 from ..model import AttnOnlyTransformer
-from .factored import FactoredMatrix, full_ov_circuit
+from .factored import FactoredMatrix, _ov
 from .skip_trigrams import eigen_copying_score
 
 __all__ = ["InductionEigen", "induction_eigen_positivity", "k_composition_qk_circuit", "writer_ov"]
 
 
-def _check(model: AttnOnlyTransformer, layer: int) -> None:
-    if model.cfg.n_layers < 2:
-        raise ValueError(
-            f"K-composition needs a head reading an earlier layer, but this model has n_layers={model.cfg.n_layers}; "
-            "load a two-layer model, e.g. load_pretrained('attn-only-2l')"
-        )
-    if not 1 <= layer < model.cfg.n_layers:
-        raise IndexError(f"reader layer {layer} has no earlier layer to compose with; use 1..{model.cfg.n_layers - 1}")
+def _reader(model: AttnOnlyTransformer, layer, writers) -> tuple[int, list[int]]:
+    """The checked reader layer (one with an earlier layer) and writer heads (None: all) of a public call."""
+    validate.depth(model, "K-composition", at_least=2)
+    layer = validate.layer(model, layer, "reader layer", first=1)
+    return layer, list(range(model.cfg.n_heads)) if writers is None else validate.head_list(model, writers, "writers")
 
 
 def writer_ov(model: AttnOnlyTransformer, writers: Sequence[int] | None = None, layer: int = 0) -> Float[Tensor, "d_model d_model"]:
     """``Σ_p W_V^p W_O^p`` over the chosen heads ``writers`` of ``layer`` (default: all of them):
     what those heads together write into the residual stream for a unit of attention."""
-    heads = range(model.cfg.n_heads) if writers is None else list(writers)
-    for h in heads:
-        model.check_head(layer, h)
-    if not heads:
-        raise ValueError("pass at least one writer head")
+    validate.depth(model, "heads")
+    layer = validate.layer(model, layer)
+    heads = list(range(model.cfg.n_heads)) if writers is None else validate.head_list(model, writers, "writers")
+    return _writer_ov(model, heads, layer)
+
+
+def _writer_ov(model: AttnOnlyTransformer, heads: list[int], layer: int) -> Tensor:
     blk = model.blocks[layer]
-    idx = torch.as_tensor(list(heads))
+    idx = torch.as_tensor(heads)
     with torch.no_grad():
         return (blk.W_V[idx] @ blk.W_O[idx]).sum(0)
 
@@ -67,12 +67,14 @@ def k_composition_qk_circuit(
     ``head=None`` gives every head of the layer, ``[n_heads, d_vocab, d_vocab]``; ``writers`` are the
     layer-0 heads whose output the keys read (default: all, i.e. the whole K-composition term).
     """
-    _check(model, layer)
-    if head is not None:
-        model.check_head(layer, head)
-    h = slice(None) if head is None else head
+    layer, writers = _reader(model, layer, writers)
+    h = slice(None) if head is None else validate.head(model, head)
+    return _k_composition(model, h, writers, layer)
+
+
+def _k_composition(model: AttnOnlyTransformer, h: slice | int, writers: list[int], layer: int) -> FactoredMatrix:
     blk = model.blocks[layer]
-    ov0 = writer_ov(model, writers, layer - 1)
+    ov0 = _writer_ov(model, writers, layer - 1)
     with torch.no_grad():
         left = model.W_E @ blk.W_Q[h] / math.sqrt(model.cfg.d_head)
         right = (model.W_E @ ov0 @ blk.W_K[h]).transpose(-2, -1)
@@ -97,6 +99,7 @@ def induction_eigen_positivity(
     model: AttnOnlyTransformer, layer: int = 1, writers: Sequence[int] | None = None
 ) -> InductionEigen:
     """The paper's QK-vs-OV scatter data for every head of ``layer`` (eigenvalues via ``BA``)."""
-    qk = eigen_copying_score(k_composition_qk_circuit(model, None, writers, layer).eigenvalues())
-    ov = eigen_copying_score(full_ov_circuit(model, layer).eigenvalues())
+    layer, writers = _reader(model, layer, writers)
+    qk = eigen_copying_score(_k_composition(model, slice(None), writers, layer).eigenvalues())
+    ov = eigen_copying_score(_ov(model, layer, slice(None)).eigenvalues())
     return InductionEigen(layer, qk.float(), ov.float())

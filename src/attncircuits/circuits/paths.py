@@ -26,7 +26,10 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .. import validate
 from ..model import AttnOnlyTransformer
+
+NO_LAYERS = "attention patterns: its logits are the direct path alone"
 
 __all__ = ["PathExpansion", "attention_patterns_from_weights", "path_expansion", "path_expansion_error"]
 
@@ -79,9 +82,11 @@ def attention_patterns_from_weights(
     """Layer-0 attention patterns computed from the weights: the causal softmax of
     ``(W_E[t_q] + W_pos[q]) W_Q ((W_E[t_k] + W_pos[k]) W_K)^T / sqrt(d_head)``, i.e. of the sum of
     the four QK parts (token-token, token-position, position-token, position-position)."""
-    if model.cfg.n_layers == 0:
-        raise ValueError("this model has no attention layers (n_layers=0): its logits are the direct path alone")
-    tokens = model.check_tokens(tokens)
+    validate.depth(model, NO_LAYERS)
+    return _patterns_from_weights(model, validate.tokens(model, tokens))
+
+
+def _patterns_from_weights(model: AttnOnlyTransformer, tokens: Tensor) -> Tensor:
     blk, n = model.blocks[0], tokens.shape[1]
     x = model.W_E[tokens] + model.W_pos[:n]
     q = einsum(x, blk.W_Q, "b p dm, h dm dh -> b h p dh")
@@ -104,9 +109,13 @@ def path_expansion(
     ``A^h @ (W_E[t] W_V^h) @ (W_O^h W_U)``: the full OV circuit's rows for the tokens in the text,
     weighted by the pattern (computed in that order so the d_vocab-wide product is made once per position).
     """
-    tokens = model.check_tokens(tokens)
+    validate.depth(model, NO_LAYERS)
+    return _expansion(model, validate.tokens(model, tokens), patterns)
+
+
+def _expansion(model: AttnOnlyTransformer, tokens: Tensor, patterns: Tensor | None = None) -> PathExpansion:
     if patterns is None:
-        patterns = attention_patterns_from_weights(model, tokens)
+        patterns = _patterns_from_weights(model, tokens)
     else:
         want = (tokens.shape[0], model.cfg.n_heads, tokens.shape[1], tokens.shape[1])
         if tuple(patterns.shape) != want:
@@ -134,8 +143,9 @@ def path_expansion_error(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch 
     ``rest`` term is defined as the remainder, so comparing totals would prove nothing, and the
     direct path ``W_E[t] W_U`` is the same product on both sides).
     """
-    tokens = model.check_tokens(tokens)
-    exp = path_expansion(model, tokens)
+    validate.depth(model, NO_LAYERS)
+    tokens = validate.tokens(model, tokens)
+    exp = _expansion(model, tokens)
     logits, cache = model.run_with_cache(tokens)
     if model.cfg.n_layers == 1:
         return float((exp.total - logits).abs().max())

@@ -33,9 +33,10 @@ import torch
 from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
-from ..data import check_token_ids, token_id, token_str
+from .. import validate
+from ..data import token_str
 from ..model import AttnOnlyTransformer
-from .factored import FactoredMatrix, full_ov_circuit, full_qk_circuit
+from .factored import FactoredMatrix, _ov, _qk
 
 __all__ = [
     "CopyingSummary",
@@ -57,27 +58,7 @@ def resolve_tokens(tokenizer, tokens, d_vocab: int) -> Int[Tensor, " n"]:
     Raises one ``ValueError`` that lists every unknown entry and how it splits, so a whole subset
     can be fixed at once.
     """
-    ids, bad = [], []
-    for t in tokens:
-        if isinstance(t, str):
-            try:
-                ids.append(token_id(tokenizer, t))
-            except ValueError as err:
-                bad.append(str(err))
-        else:
-            t = int(t)
-            if not 0 <= t < d_vocab:
-                bad.append(f"id {t} is outside the vocabulary [0, {d_vocab})")
-            ids.append(t)
-    if bad:
-        raise ValueError(
-            f"{len(bad)} of the {len(tokens)} tokens are not in the vocabulary: "
-            + "; ".join(bad)
-            + ". Use one-token strings (check with tokenizer.encode) or ids"
-        )
-    if not ids:
-        raise ValueError("the token subset is empty; pass at least one token")
-    return torch.tensor(ids, dtype=torch.long)
+    return validate.token_list(tokenizer, tokens, d_vocab)
 
 
 def frequent_tokens(
@@ -92,6 +73,7 @@ def frequent_tokens(
     """
     from ..pretrained import load_train_bigram_counts
 
+    n = validate.count(n, "n")
     prev, _, count = load_train_bigram_counts()
     V = tokenizer.get_vocab_size()
     freq = torch.zeros(V, dtype=torch.long).index_add_(0, prev, count)
@@ -108,13 +90,17 @@ def frequent_tokens(
     return torch.tensor(picked, dtype=torch.long)
 
 
-def _centered_circuits(model, layer, heads, tokens):
-    qk = full_qk_circuit(model, layer).centered(-1)  # centered over all keys, then restricted
-    ov = full_ov_circuit(model, layer).centered(-1)
+def _subset(model, tokens) -> Tensor | None:
+    """A vocabulary subset (ids), checked; None: the whole vocabulary."""
+    return None if tokens is None else validate.token_ids(tokens, model.cfg.d_vocab, "tokens", ndim=1, allow_empty=False)
+
+
+def _centered_circuits(model, layer: int, heads: list[int] | None, tokens: Tensor | None):
+    """Centered QK and OV circuits of a checked layer, heads (None: all) and vocabulary subset."""
+    qk = _qk(model, layer, slice(None), model.W_E, model.W_E).centered(-1)  # centered over all keys, then restricted
+    ov = _ov(model, layer, slice(None)).centered(-1)
     if heads is not None:
-        for h in heads:
-            model.check_head(layer, h)
-        qk, ov = qk[list(heads)], ov[list(heads)]
+        qk, ov = qk[heads], ov[heads]
     if tokens is not None:
         qk, ov = qk.restrict(tokens, tokens), ov.restrict(tokens, tokens)
     return qk, ov
@@ -142,6 +128,7 @@ class SkipTrigrams:
         return torch.stack([self.source[i], self.dest[i], self.out[i]], -1)
 
     def _index(self, head: int) -> int:
+        head = validate.index(head, "head")
         if head not in self.heads:
             raise IndexError(f"head {head} is not in this table; it has heads {self.heads}")
         return self.heads.index(head)
@@ -186,12 +173,13 @@ def top_skip_trigrams(
     a query sees). Cost: two top-``k`` passes over each ``d_vocab x d_vocab`` circuit, a block of rows at
     a time, and ``d_vocab · k²`` candidates per head; no dense circuit is kept.
     """
-    if model.cfg.n_layers == 0:
-        raise ValueError("this model has no attention layers (n_layers=0), so it has no skip-trigrams")
-    model.check_head(layer, 0)
-    n_keys = n_keys or max(2, model.cfg.n_ctx // 2)
+    validate.depth(model, "skip-trigrams")
+    layer, k = validate.layer(model, layer), validate.count(k, "k")
+    heads = None if heads is None else validate.head_list(model, heads)
+    tokens = _subset(model, tokens)
+    n_keys = validate.count(max(2, model.cfg.n_ctx // 2) if n_keys is None else n_keys, "n_keys", 2)
     qk, ov = _centered_circuits(model, layer, heads, tokens)
-    heads = list(range(model.cfg.n_heads)) if heads is None else list(heads)
+    heads = list(range(model.cfg.n_heads)) if heads is None else heads
     V_src = qk.rdim
     k = min(k, V_src, ov.rdim)
     qk_v, dest = qk.topk_per_col(k)  # [H, k, V_src]: each source's best destinations
@@ -206,7 +194,6 @@ def top_skip_trigrams(
     o = out[H, s, i_o]
     qk_sel, ov_sel, attn_sel = qk_v[H, i_d, s], ov_v[H, s, i_o], attn[H, i_d, s]
     if tokens is not None:  # back to vocabulary ids
-        tokens = torch.as_tensor(tokens)
         s, d, o = tokens[s], tokens[d], tokens[o]
     return SkipTrigrams(layer, heads, s, d, o, score, attn_sel, qk_sel, ov_sel)
 
@@ -231,21 +218,19 @@ def skip_trigram_effects(
     position (fixed by ``seed``): the weights-only score ignores positions, but a head that prefers
     recent tokens only finds a source that is near. Returns the rise in nats, ``[n_triples, n_contexts]``.
     """
-    triples = torch.as_tensor(triples).long()
-    contexts = model.check_tokens(contexts)
+    triples = validate.token_ids(triples, model.cfg.d_vocab, "triples")
     if triples.ndim != 2 or triples.shape[1] != 3:
         raise ValueError(f"triples must be [n, 3] (source, destination, output), got {tuple(triples.shape)}")
-    check_token_ids(triples, model.cfg.d_vocab)
+    why = "a skip-trigram (a source, a token between, the destination)"
+    contexts = validate.tokens(model, contexts, 3, why, "contexts")
     n, (c, L) = len(triples), contexts.shape
-    if L < 3:
-        raise ValueError(f"context windows need at least 3 tokens, got {L}")
+    if gap is not None:
+        gap = validate.count(gap, "gap", 1, L - 1, why=f"the source sits before the destination in windows of {L} tokens")
     if gap is None:
         g = torch.Generator().manual_seed(seed)
         pos = torch.randint(1, L - 1, (c,), generator=g)  # never the first token, never the destination
-    elif 1 <= gap <= L - 1:
-        pos = torch.full((c,), L - 1 - gap)
     else:
-        raise ValueError(f"gap must be in 1..{L - 1} for context windows of {L} tokens, got {gap}")
+        pos = torch.full((c,), L - 1 - gap)
     clean = contexts[None].repeat(n, 1, 1)  # [n, c, L]
     clean[:, :, -1] = triples[:, 1:2]
     with_src = clean.clone()
@@ -313,13 +298,12 @@ def copying_summary(
     eigenvalues from the ``d_head x d_head`` product, the diagonal and row statistics from ``A``, ``B`` and
     ``B Bᵀ``, the top-``k`` a block of rows at a time.
     """
-    if model.cfg.n_layers == 0:
-        raise ValueError("this model has no attention layers (n_layers=0), so it has no OV circuits")
-    model.check_head(layer, 0)
-    raw = full_ov_circuit(model, layer)
+    validate.depth(model, "OV circuits")
+    layer, k = validate.layer(model, layer), validate.count(k, "k")
+    n_shuffles, tokens = validate.count(n_shuffles, "n_shuffles", 0), _subset(model, tokens)
+    raw = _ov(model, layer, slice(None))
     ov = raw.centered(-1)
     if tokens is not None:
-        tokens = torch.as_tensor(tokens).long()
         raw, ov = raw.restrict(tokens, tokens), ov.restrict(tokens, tokens)
     eig = ov.eigenvalues()
     score = eigen_copying_score(eig)
@@ -400,10 +384,12 @@ def find_skip_trigram_bugs(
     V = model.cfg.d_vocab
     if tuple(bigram_counts.shape) != (V, V):
         raise ValueError(f"bigram_counts must be a dense [{V}, {V}] table, got {tuple(bigram_counts.shape)}")
-    model.check_head(layer, 0)
-    n_keys = n_keys or max(2, model.cfg.n_ctx // 2)
+    validate.depth(model, "skip-trigrams")
+    layer, k, n = validate.layer(model, layer), validate.count(k, "k"), validate.count(n, "n")
+    min_count, tokens = validate.count(min_count, "min_count"), _subset(model, tokens)
+    n_keys = validate.count(max(2, model.cfg.n_ctx // 2) if n_keys is None else n_keys, "n_keys", 2)
     qk, ov = _centered_circuits(model, layer, None, tokens)
-    ids = torch.arange(V) if tokens is None else torch.as_tensor(tokens).long()
+    ids = torch.arange(V) if tokens is None else tokens
     qk_v, dest = qk.topk_per_col(k)  # [H, k, S]
     ov_v, out = ov.topk_per_row(k)  # [H, S, k]
     dest, out = ids[dest].transpose(-2, -1), ids[out]  # [H, S, k] each, vocabulary ids
