@@ -44,8 +44,6 @@ from attncircuits import scores as S
 from attncircuits.circuits import bigrams, composition, factored, induction, paths, skip_trigrams
 from attncircuits.smeared import SmearedKeyTransformer, train_on_repeated_tokens, varied_repeats
 
-os.environ.setdefault("ATTNCIRCUITS_STATIC", "1")  # explorers draw their static figure only
-
 PACKAGE_DIR = Path(attncircuits.__file__).resolve().parent
 OUR_ERRORS = (ValueError, TypeError, IndexError, KeyError, FileNotFoundError)
 OUTCOMES = ("clear", "correct", "deep", "silent", "refused")
@@ -690,13 +688,18 @@ def run(target: Target, n_examples: int, derandomize: bool = True, seed: int = 0
 
     if not derandomize:
         one = hseed(seed)(one)
-    threads = torch.get_num_threads()
+    threads, static = torch.get_num_threads(), os.environ.get("ATTNCIRCUITS_STATIC")
     torch.set_num_threads(1)  # tiny tensors: one thread is ten times faster on a busy machine
+    os.environ["ATTNCIRCUITS_STATIC"] = "1"  # explorers draw their static figure only
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # explorers print their figure outside IPython
             one()
     finally:
         torch.set_num_threads(threads)
+        if static is None:
+            os.environ.pop("ATTNCIRCUITS_STATIC")
+        else:
+            os.environ["ATTNCIRCUITS_STATIC"] = static
     return out
 
 

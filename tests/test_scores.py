@@ -1,4 +1,4 @@
-"""scores.py: behavioural scores, losses on repeated tokens and ablations.
+"""scores.py and losses.py: behavioural scores, losses on repeated tokens and ablations.
 
 The centre is a two-layer model whose weights are written by hand: a previous-token head that
 finds the previous position through the sinusoidal positions in its QK circuit, and an induction

@@ -178,13 +178,15 @@ def token_id(value: Any, d_vocab: int, name: str = "token") -> int:
 def token_ids(value: Any, d_vocab: int | None, name: str = "tokens", ndim: int | None = None, allow_empty: bool = True) -> Tensor:
     """Token ids of any shape (``ndim`` to require one), each in ``[0, d_vocab)`` (``None``: not
     scanned), as an int64 tensor."""
+    unsigned = str(getattr(value, "dtype", "")).startswith(("uint", "torch.uint"))  # no id below 0 to scan for
     t = int_tensor(value, name)
     if ndim is not None and t.ndim != ndim:
         want = "one 1-D sequence of token ids" if ndim == 1 else f"{ndim}-D token ids"
         raise ValueError(f"{name} must be {want}, got shape {tuple(t.shape)}; flatten it first")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name} is empty; pass at least one token id")
-    _check_range(t, d_vocab)
+    if d_vocab is not None or not unsigned:
+        _check_range(t, d_vocab)
     return t
 
 
