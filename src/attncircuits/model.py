@@ -22,7 +22,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-Head = tuple[int, int]  # (layer, head)
+from .heads import Head
 
 
 @dataclass

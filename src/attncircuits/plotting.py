@@ -486,8 +486,8 @@ def score_heatmaps(
     vmax: float = 1.0,
     title: str | None = None,
 ) -> Figure:
-    """One ``[layer, head]`` heatmap per score, each cell labelled with its value (``L1H4`` is
-    row 1, column 4)."""
+    """One ``[layer, head]`` heatmap per score, each cell labelled with its value (head 1.4 is
+    row "layer 1", column 4)."""
     if not scores:
         raise ValueError("pass at least one score: {name: [layer, head] tensor}")
     mats = {k: _numpy(v) for k, v in scores.items()}
@@ -501,7 +501,7 @@ def score_heatmaps(
         for (l, h), val in np.ndenumerate(m):
             ax.text(h, l, f"{val:.2f}", ha="center", va="center", fontsize=7, color="white" if abs(val) > 0.6 * vmax else "black")
         ax.set_xticks(range(n_heads))
-        ax.set_yticks(range(n_layers), [f"L{l}" for l in range(n_layers)])
+        ax.set_yticks(range(n_layers), [f"layer {l}" for l in range(n_layers)])
         ax.set_xlabel("head")
         ax.set_title(name, fontsize=10)
     if title:

@@ -24,7 +24,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .data import repeated_random_tokens
-from .model import ActivationCache, AttnOnlyTransformer, Head, loss_fn
+from .heads import Head, head_name
+from .model import ActivationCache, AttnOnlyTransformer, loss_fn
 
 # ----------------------------------------------------------------------------------------------
 # Inputs and their checks
@@ -191,11 +192,11 @@ class HeadScores:
     copying: Tensor
 
     def rows(self) -> list[dict]:
-        """One dict per head (``head`` is ``"L1H4"``), for a table."""
+        """One dict per head (``head`` is its name, ``"1.4"``: see :func:`~attncircuits.heads.head_name`), for a table."""
         n_layers, n_heads = self.previous_token.shape
         return [
             {
-                "head": f"L{l}H{h}",
+                "head": head_name(l, h),
                 "previous_token": float(self.previous_token[l, h]),
                 "prefix_matching": float(self.prefix_matching[l, h]),
                 "copying": float(self.copying[l, h]),

@@ -28,6 +28,8 @@ from typing import Any, Callable, Mapping
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from .heads import head_name
+
 #: Set to ``1`` to show only the static first state (e.g. when building a book without widgets).
 STATIC_ENV = "ATTNCIRCUITS_STATIC"
 
@@ -282,7 +284,7 @@ def head_explorer(model, tokenizer, tokens, layers=None, k: int = 10, initial=No
 
     def draw(layer, head):
         rows = [(s, d, o, sc) for s, d, o, _, _, sc in tables[layer].rows(tokenizer, head)]
-        return head_circuits_figure(rows, ov[layer][head], qk[layer][head], labels, title=f"head {layer}.{head}")
+        return head_circuits_figure(rows, ov[layer][head], qk[layer][head], labels, title=f"head {head_name(layer, head)}")
 
     controls = {"layer": layers, "head": range(model.cfg.n_heads)}
     return explorer(draw, controls, initial, title="Head explorer: skip-trigrams, OV and QK circuits from the weights")
@@ -315,7 +317,7 @@ def snapshot_explorer(checkpoint, tokens, layer: int = 1, boundaries=(), initial
             models[step] = checkpoint.load_snapshot(step)
         _, cache = models[step].run_with_cache(tokens[:1])
         pats = cache.pattern[layer][0]
-        titles = [f"L{layer}H{h}" for h in range(pats.shape[0])]
+        titles = [f"head {head_name(layer, h)}" for h in range(pats.shape[0])]
         return head_patterns_grid(pats, titles, boundaries=boundaries, suptitle=f"layer {layer} at training step {step}")
 
     return explorer(draw, {"step": control}, None if initial is None else {"step": int(initial)},

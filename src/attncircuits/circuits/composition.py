@@ -34,6 +34,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..heads import Head
 from ..model import AttnOnlyTransformer
 from .factored import FactoredMatrix
 
@@ -53,7 +54,6 @@ __all__ = [
     "virtual_ov_circuit",
 ]
 
-Head = tuple[int, int]  # (layer, head)
 KINDS = ("q", "k", "v")
 KIND_NAMES = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 

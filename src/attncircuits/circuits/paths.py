@@ -26,6 +26,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..heads import head_name
 from ..model import AttnOnlyTransformer
 
 __all__ = ["PathExpansion", "attention_patterns_from_weights", "path_expansion", "path_expansion_error"]
@@ -43,7 +44,7 @@ class PathExpansion:
 
     @property
     def labels(self) -> list[str]:
-        out = ["direct"] + [f"head 0.{h}" for h in range(self.heads.shape[2])]
+        out = ["direct"] + [f"head {head_name(0, h)}" for h in range(self.heads.shape[2])]
         return out + (["later layers"] if self.rest is not None else [])
 
     @property
