@@ -73,7 +73,7 @@ screenshots:
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks notebooks book
 	$(PY) -m pytest tests
-	$(PY) -m pytest --nbval-lax notebooks book/reproduces.ipynb
+	$(PY) -m pytest -p tests.notebook_pages --nbval-lax notebooks book/reproduces.ipynb
 
 # Retrain the shipped tokenizer, corpus files and the three models (about 40 min on 2 CPU cores).
 train: venv
