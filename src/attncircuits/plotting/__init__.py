@@ -1,0 +1,86 @@
+"""Figures and HTML views. Functions here draw what they are given; they compute nothing.
+
+One module per kind of picture: :mod:`~.heatmaps`, :mod:`~.curves`, :mod:`~.scatter`,
+:mod:`~.bars`, the HTML views (token shading, tables) in :mod:`~.html`, and what they all share
+(sizes, the single display, titles, reference lines, cell values) in :mod:`~.base`. Every name is
+re-exported here: ``from attncircuits.plotting import attention_heatmap``.
+
+**Shown once.** Figure functions take an optional matplotlib ``ax`` (so chapters can compose
+panels) and return the figure they drew on. A figure they create themselves is a
+:class:`~.base.ShowOnceFigure`: a cell that ends in the call shows it exactly once (not once by the
+inline backend and again as the cell's value), and ``fig = ...; plt.show()`` works as usual.
+
+**Legible in the book.** The built book's content column is :data:`~.base.COLUMN_PX` = 736 CSS px
+wide at a 1300 px window (measured in the built HTML: the width of ``article.bd-article``), and a
+figure wider than the column is scaled down to fit it. The rule: every text of a figure, at the
+size a reader sees it,
+
+    font size in pt x dpi / 72 x min(1, column px / figure px)  >=  MIN_TEXT_PX = 11 px,
+
+where "figure px" is the width of the PNG the notebook shows (cropped to what is drawn). 11 px is
+the size of the theme's smallest text (the 0.7 rem footnote and caption print is 11.2 px);
+body text is 16 px. Figures here are never wider than the column (at 100 dpi, 7.36 in) and use 8 pt
+(11.1 px) or larger, so nothing is scaled down and the smallest text is 11.1 px.
+:func:`~.base.smallest_text_px` measures a figure against the rule; the tests apply it to every
+figure function at the calls the chapters make.
+
+Token labels have their whitespace made visible (``·`` space, ``⏎`` newline) with
+:func:`attncircuits.data.visible`; passing labels that are already visible is harmless.
+"""
+
+from .bars import grouped_bars, next_token_bars
+from .base import (
+    COLUMN_PX,
+    DPI,
+    MAX_WIDTH_IN,
+    MIN_TEXT_PX,
+    ShowOnceFigure,
+    figure_png,
+    smallest_text_px,
+    text_sizes_px,
+)
+from .curves import loss_curve, phase_change_plot, position_loss_plot
+from .heatmaps import (
+    attention_heatmap,
+    circuit_heatmap,
+    composition_heatmaps,
+    head_circuits_figure,
+    head_patterns_grid,
+    heatmap_grid,
+    path_terms_heatmap,
+    score_heatmaps,
+)
+from .html import html_table, next_token_table_html, skip_trigram_table_html, token_html, tokens_html
+from .scatter import bigram_scatter, eigen_scatter, eigenvalue_planes
+
+__all__ = [
+    "COLUMN_PX",
+    "DPI",
+    "MAX_WIDTH_IN",
+    "MIN_TEXT_PX",
+    "ShowOnceFigure",
+    "attention_heatmap",
+    "bigram_scatter",
+    "circuit_heatmap",
+    "composition_heatmaps",
+    "eigen_scatter",
+    "eigenvalue_planes",
+    "figure_png",
+    "grouped_bars",
+    "head_circuits_figure",
+    "head_patterns_grid",
+    "heatmap_grid",
+    "html_table",
+    "loss_curve",
+    "next_token_bars",
+    "next_token_table_html",
+    "path_terms_heatmap",
+    "phase_change_plot",
+    "position_loss_plot",
+    "score_heatmaps",
+    "skip_trigram_table_html",
+    "smallest_text_px",
+    "text_sizes_px",
+    "token_html",
+    "tokens_html",
+]
