@@ -10,17 +10,19 @@ panels) and return the figure they drew on. A figure they create themselves is a
 :class:`~.base.ShowOnceFigure`: a cell that ends in the call shows it exactly once (not once by the
 inline backend and again as the cell's value), and ``fig = ...; plt.show()`` works as usual.
 
-**Legible in the book.** The built book's content column is :data:`~.base.COLUMN_PX` = 736 CSS px
-wide at a 1300 px window (measured in the built HTML: the width of ``article.bd-article``), and a
-figure wider than the column is scaled down to fit it. The rule: every text of a figure, at the
-size a reader sees it,
+**Legible in the book.** The built book's content column is :data:`~.base.COLUMN_PX` = 692 CSS px
+wide at a 1300 px window (measured in the built HTML with headless Chromium: ``article.bd-article``
+is 756 px with 32 px padding on each side, and cell outputs are 692 px wide), and an image wider
+than the column is scaled down to fit it. The rule: every text of a figure, at the size a reader
+sees it,
 
     font size in pt x dpi / 72 x min(1, column px / figure px)  >=  MIN_TEXT_PX = 11 px,
 
 where "figure px" is the width of the PNG the notebook shows (cropped to what is drawn). 11 px is
-the size of the theme's smallest text (the 0.7 rem footnote and caption print is 11.2 px);
-body text is 16 px. Figures here are never wider than the column (at 100 dpi, 7.36 in) and use 8 pt
-(11.1 px) or larger, so nothing is scaled down and the smallest text is 11.1 px.
+the smallest print the theme itself uses (10.8 px keyboard hints; its small print is 14.4 px,
+code 14 px, body text 16 px). Figures here are at most the column's width (6.92 in at 100 dpi),
+so they are never scaled down, and their smallest type is 8 pt (11.1 px): numbers in cells and
+dense token labels; tick labels are 9 pt (12.5 px), axis labels 10 pt and titles 11 pt.
 :func:`~.base.smallest_text_px` measures a figure against the rule; the tests apply it to every
 figure function at the calls the chapters make.
 

@@ -18,7 +18,7 @@ from matplotlib.text import Text
 from ..data import visible
 
 #: The book's content column at a 1300 px window, in CSS px (measured in the built book).
-COLUMN_PX = 736
+COLUMN_PX = 692
 #: The smallest text a figure may show, in CSS px once the figure is scaled to the column.
 MIN_TEXT_PX = 11.0
 #: Pixels per inch of every figure (the inline backend's default): an inch of figure is 100 px.
@@ -177,6 +177,10 @@ def _drawn_texts(fig: Figure) -> list[Text]:
 
 def shown_width_px(fig: Figure) -> float:
     """The width of the PNG a notebook shows for ``fig`` (cropped to what is drawn), in px."""
+    if not hasattr(fig.canvas, "get_renderer"):  # a Figure made without pyplot has no drawing canvas yet
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
     return fig.get_tightbbox(renderer).width * fig.dpi

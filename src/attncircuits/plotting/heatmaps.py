@@ -89,7 +89,7 @@ def circuit_heatmap(
     if m.shape != (len(row_labels), len(col_labels)):
         raise ValueError(f"matrix is {m.shape} but {len(row_labels)} row and {len(col_labels)} column labels were given")
     ax = new_axes(ax, (max(3.8, 2.0 + 0.2 * len(col_labels)), max(3.0, 1.6 + 0.2 * len(row_labels))))
-    im = ax.imshow(m, **signed_or_sequential(m))
+    im = ax.imshow(m, **signed_or_sequential(m), aspect="auto")  # fills its box: the colorbar never outgrows it
     token_ticks(ax, "x", col_labels, rotation=90, pt=SMALL_PT)
     token_ticks(ax, "y", row_labels, pt=SMALL_PT)
     ax.set_xlabel(xlabel, fontsize=LABEL_PT - 1)
@@ -171,7 +171,7 @@ def score_heatmaps(
             raise ValueError(f"score {name!r} has shape {m.shape}, the first has {(n_layers, n_heads)}")
     fig, axes = new_figure(1, len(mats), figsize=(0.6 * n_heads * len(mats) + 1.2, 0.6 * n_layers + 1.5))
     for ax, (name, m) in zip(axes[0], mats.items()):
-        ax.imshow(m, cmap="RdBu", vmin=vmin, vmax=vmax)
+        ax.imshow(m, cmap="RdBu", vmin=vmin, vmax=vmax, aspect="auto")
         annotate_cells(ax, m, ".2f", 0.0, vmax)
         ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=TICK_PT)
         ax.set_yticks(range(n_layers), [f"layer {l}" for l in range(n_layers)], fontsize=TICK_PT)
@@ -203,11 +203,11 @@ def composition_heatmaps(
             raise ValueError(f"no baseline for {k!r}: pass baseline_mean and baseline_std with the same keys as scores")
     hi = max(float(m.max()) for m in mats.values())
     side = 1.5 + 0.42 * len(reader_labels)
-    fig, axes = new_figure(1, len(mats), figsize=(side * len(mats), 1.8 + 0.42 * len(writer_labels)))
+    fig, axes = new_figure(1, len(mats), figsize=(side * len(mats), 2.0 + 0.4 * len(writer_labels)))
     for ax, (k, m) in zip(axes[0], mats.items()):
         mu, sd = baseline_mean[k], baseline_std[k]
         span = max(hi - mu, 1e-9)
-        im = ax.imshow(m, cmap="RdBu_r", vmin=mu - span, vmax=mu + span)
+        im = ax.imshow(m, cmap="RdBu_r", vmin=mu - span, vmax=mu + span, aspect="auto")
         annotate_cells(ax, m, ".2f", mu, span, pt=SMALL_PT)
         for (i, j), v in np.ndenumerate(m):
             if v > mu + 3 * sd:
