@@ -263,3 +263,13 @@ def test_a_figure_shows_exactly_once_in_a_notebook():
         assert len(outs) == 1 and "image/png" in outs[0].data, (cell, outs)
     assert len(shown[6]) == 1 and "text/html" in shown[6][0].data
     assert nb.cells[7].outputs[0].text.strip() == "0"
+
+
+def test_subplots_for_composed_panels_fit_the_column():
+    fig, axes = plotting.subplots(1, 2, figsize=(11, 5))  # chapter 3's two heatmaps side by side
+    assert isinstance(fig, plotting.ShowOnceFigure) and axes.shape == (2,)
+    assert fig.get_figwidth() == pytest.approx(plotting.MAX_WIDTH_IN) and fig.get_figheight() == pytest.approx(5 * plotting.MAX_WIDTH_IN / 11)
+    for ax, n in zip(axes, (16, 16)):
+        attention_heatmap(np.eye(n), [f"t{i}" for i in range(n)], ax=ax, title="head 0.1")
+    assert smallest_text_px(fig) >= MIN_TEXT_PX
+    assert plotting.subplots()[1].__class__.__name__ == "Axes"

@@ -3,7 +3,8 @@
 One module per kind of picture: :mod:`~.heatmaps`, :mod:`~.curves`, :mod:`~.scatter`,
 :mod:`~.bars`, the HTML views (token shading, tables) in :mod:`~.html`, and what they all share
 (sizes, the single display, titles, reference lines, cell values) in :mod:`~.base`. Every name is
-re-exported here: ``from attncircuits.plotting import attention_heatmap``.
+re-exported here: ``from attncircuits.plotting import attention_heatmap``. To compose panels, take
+the axes from :func:`~.base.subplots` (``plt.subplots`` capped at the column's width).
 
 **Shown once.** Figure functions take an optional matplotlib ``ax`` (so chapters can compose
 panels) and return the figure they drew on. A figure they create themselves is a
@@ -39,6 +40,7 @@ from .base import (
     ShowOnceFigure,
     figure_png,
     smallest_text_px,
+    subplots,
     text_sizes_px,
 )
 from .curves import loss_curve, phase_change_plot, position_loss_plot
@@ -82,6 +84,7 @@ __all__ = [
     "score_heatmaps",
     "skip_trigram_table_html",
     "smallest_text_px",
+    "subplots",
     "text_sizes_px",
     "token_html",
     "tokens_html",

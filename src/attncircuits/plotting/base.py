@@ -79,6 +79,15 @@ def new_figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6
     return fig, axes
 
 
+def subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6.0, 3.5), squeeze: bool = True, **kw):
+    """Like ``plt.subplots``, for composing panels from the functions here: the figure shows once
+    and is never wider than the column, so its text keeps the size it was drawn at."""
+    fig, axes = new_figure(nrows, ncols, figsize, **kw)
+    if not squeeze:
+        return fig, axes
+    return fig, axes[0, 0] if axes.size == 1 else axes.squeeze()
+
+
 def new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     """``ax`` itself when the caller composes panels, else the one axes of a new figure."""
     if ax is not None:
