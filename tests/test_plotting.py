@@ -219,14 +219,15 @@ def _chapter_figures():
 
 def test_every_figure_is_legible_in_the_book_column():
     """The rule in the plotting docstring: every text, at the size a reader sees it in the column,
-    is at least MIN_TEXT_PX; and no figure is wider than the column (so none is scaled down)."""
+    is at least MIN_TEXT_PX; no figure is wider than the column (so none is scaled down); no two
+    tick labels run into each other."""
     seen, small = 0, []
     for name, make in _chapter_figures():
         fig = make()
         assert isinstance(fig, Figure), name
-        px, width = smallest_text_px(fig), shown_width_px(fig)
-        if px < MIN_TEXT_PX or width > COLUMN_PX * 1.02:
-            small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide")
+        px, width, clash = smallest_text_px(fig), shown_width_px(fig), plotting.overlapping_labels(fig)
+        if px < MIN_TEXT_PX or width > COLUMN_PX * 1.02 or clash:
+            small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide, overlapping {clash[:3]}")
         seen += 1
         plt.close("all")
     assert seen == 18 and not small, small
@@ -238,6 +239,10 @@ def test_the_legibility_measure_catches_a_figure_scaled_down_too_far():
     ax.set_title("tiny", fontsize=8)
     assert smallest_text_px(fig) == pytest.approx(8 * 100 / 72 * COLUMN_PX / shown_width_px(fig))
     assert smallest_text_px(fig) < 5
+    crowded = Figure(figsize=(2, 2), dpi=100)
+    ax = crowded.add_subplot()
+    ax.set_xticks(range(40), [f"token{i}" for i in range(40)], fontsize=9)
+    assert plotting.overlapping_labels(crowded)[0] == ("token0", "token1")
 
 
 # ---- shown once in a notebook -----------------------------------------------------------------

@@ -24,8 +24,9 @@ the smallest print the theme itself uses (10.8 px keyboard hints; its small prin
 code 14 px, body text 16 px). Figures here are at most the column's width (6.92 in at 100 dpi),
 so they are never scaled down, and their smallest type is 8 pt (11.1 px): numbers in cells and
 dense token labels; tick labels are 9 pt (12.5 px), axis labels 10 pt and titles 11 pt.
-:func:`~.base.smallest_text_px` measures a figure against the rule; the tests apply it to every
-figure function at the calls the chapters make.
+:func:`~.base.smallest_text_px` measures a figure against the rule, and
+:func:`~.base.overlapping_labels` finds tick labels that run into each other; the tests apply both
+to every figure function at the calls the chapters make.
 
 Token labels have their whitespace made visible (``·`` space, ``⏎`` newline) with
 :func:`attncircuits.data.visible`; passing labels that are already visible is harmless.
@@ -39,6 +40,7 @@ from .base import (
     MIN_TEXT_PX,
     ShowOnceFigure,
     figure_png,
+    overlapping_labels,
     smallest_text_px,
     subplots,
     text_sizes_px,
@@ -78,6 +80,7 @@ __all__ = [
     "loss_curve",
     "next_token_bars",
     "next_token_table_html",
+    "overlapping_labels",
     "path_terms_heatmap",
     "phase_change_plot",
     "position_loss_plot",

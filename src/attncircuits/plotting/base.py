@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
 from matplotlib.text import Text
 
 from ..data import visible
@@ -154,9 +155,9 @@ def token_ticks(ax: Axes, which: str, labels: Sequence[str], rotation: float = 0
         ax.set_yticks(range(len(shown)), shown, fontsize=pt, family="monospace", **kw)
 
 
-def colorbar(fig: Figure, mappable, ax, label: str = "", shrink: float = 0.85):
-    """A colorbar beside ``ax`` with its label and ticks at the type sizes above."""
-    cb = fig.colorbar(mappable, ax=ax, shrink=shrink)
+def colorbar(fig: Figure, mappable, ax, label: str = "", shrink: float = 0.85, location: str = "right"):
+    """A colorbar beside ``ax`` (or below it) with its label and ticks at the type sizes above."""
+    cb = fig.colorbar(mappable, ax=ax, shrink=shrink, location=location)
     cb.set_label(label, fontsize=LABEL_PT - 1)
     cb.ax.tick_params(labelsize=SMALL_PT + 0.5)
     return cb
@@ -200,6 +201,23 @@ def text_sizes_px(fig: Figure, column_px: float = COLUMN_PX) -> list[tuple[float
     ``column_px`` wide: the figure is shown at its own size, or scaled down to the column."""
     scale = min(1.0, column_px / shown_width_px(fig))
     return sorted((t.get_fontsize() * fig.dpi / 72 * scale, t.get_text()) for t in _drawn_texts(fig))
+
+
+def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of neighbouring tick labels on one axis whose drawn boxes overlap (unreadable however
+    large they are)."""
+    shown_width_px(fig)  # draws the figure
+    renderer = fig.canvas.get_renderer()
+    out = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text().strip()]
+            boxes = [t.get_window_extent(renderer) for t in labels]
+            for (a, ba), (b, bb) in zip(zip(labels, boxes), zip(labels[1:], boxes[1:])):
+                inter = Bbox.intersection(ba, bb)
+                if inter is not None and inter.width * inter.height > 1.0:  # more than touching
+                    out.append((a.get_text(), b.get_text()))
+    return out
 
 
 def smallest_text_px(fig: Figure, column_px: float = COLUMN_PX) -> float:
