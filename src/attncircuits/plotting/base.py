@@ -110,6 +110,7 @@ def set_title(ax: Axes, title: str | None, pt: float = TITLE_PT) -> None:
 
 
 def wrap(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters, keeping its own line breaks."""
     return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
@@ -118,7 +119,7 @@ def finish(fig: Figure, title: str | None = None, legend_axes: Sequence[Axes] = 
     for ax in legend_axes:
         ax.legend(fontsize=SMALL_PT + 0.5)
     if title:
-        chars = int(fig.get_figwidth() * 72 / (0.55 * TITLE_PT + 0.5))
+        chars = int(fig.get_figwidth() * 72 / (0.55 * (TITLE_PT + 0.5)))
         fig.suptitle(wrap(title, chars), fontsize=TITLE_PT + 0.5)
     return fig
 
