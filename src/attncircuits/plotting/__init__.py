@@ -19,11 +19,12 @@ sees it,
 
     font size in pt x dpi / 72 x min(1, column px / figure px)  >=  MIN_TEXT_PX = 11 px,
 
-where "figure px" is the width of the PNG the notebook shows (cropped to what is drawn). 11 px is
-the smallest print the theme itself uses (10.8 px keyboard hints; its small print is 14.4 px,
-code 14 px, body text 16 px). Figures here are at most the column's width (6.92 in at 100 dpi),
-so they are never scaled down, and their smallest type is 8 pt (11.1 px): numbers in cells and
-dense token labels; tick labels are 9 pt (12.5 px), axis labels 10 pt and titles 11 pt.
+where "figure px" is the width of the PNG the notebook shows (cropped to what is drawn, plus a
+0.1 in margin on each side). 11 px is the smallest print the theme itself uses (10.8 px keyboard
+hints; its small print is 14.4 px, code 14 px, body text 16 px). Figures here are at most 6.72 in
+wide at 100 dpi (692 px with the margins), so they are never scaled down, and their smallest type
+is 8 pt (11.1 px): numbers in cells and dense token labels; tick labels are 9 pt (12.5 px), axis
+labels 10 pt and titles 11 pt.
 :func:`~.base.smallest_text_px` measures a figure against the rule, and
 :func:`~.base.overlapping_labels` finds tick labels that run into each other; the tests apply both
 to every figure function at the calls the chapters make.

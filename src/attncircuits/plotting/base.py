@@ -24,8 +24,10 @@ COLUMN_PX = 692
 MIN_TEXT_PX = 11.0
 #: Pixels per inch of every figure (the inline backend's default): an inch of figure is 100 px.
 DPI = 100
-#: The widest figure that is shown at its own size in the column, in inches.
-MAX_WIDTH_IN = COLUMN_PX / DPI
+#: The margin the notebook's PNG adds around what is drawn, on each side, in inches (savefig's default).
+PAD_IN = 0.1
+#: The widest figure that is shown at its own size in the column (margins included), in inches.
+MAX_WIDTH_IN = COLUMN_PX / DPI - 2 * PAD_IN
 #: Type sizes in points (a point is DPI / 72 px): numbers in cells and tick labels, axis labels, titles.
 SMALL_PT, TICK_PT, LABEL_PT, TITLE_PT = 8.0, 9.0, 10.0, 11.0
 
@@ -58,7 +60,7 @@ def figure_png(fig: Figure) -> bytes:
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", pad_inches=PAD_IN, facecolor="white")
     return buf.getvalue()
 
 
@@ -187,14 +189,15 @@ def _drawn_texts(fig: Figure) -> list[Text]:
 
 
 def shown_width_px(fig: Figure) -> float:
-    """The width of the PNG a notebook shows for ``fig`` (cropped to what is drawn), in px."""
+    """The width of the PNG a notebook shows for ``fig`` (cropped to what is drawn, plus a margin
+    of :data:`PAD_IN` on each side, as both the inline backend and :func:`figure_png` save it), in px."""
     if not hasattr(fig.canvas, "get_renderer"):  # a Figure made without pyplot has no drawing canvas yet
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         FigureCanvasAgg(fig)
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
-    return fig.get_tightbbox(renderer).width * fig.dpi
+    return (fig.get_tightbbox(renderer).width + 2 * PAD_IN) * fig.dpi
 
 
 def text_sizes_px(fig: Figure, column_px: float = COLUMN_PX) -> list[tuple[float, str]]:
