@@ -13,9 +13,10 @@ inline backend and again as the cell's value), and ``fig = ...; plt.show()`` wor
 
 **Legible in the book.** The built book's content column is :data:`~.base.COLUMN_PX` = 692 CSS px
 wide at a 1300 px window (measured in the built HTML with headless Chromium: ``article.bd-article``
-is 756 px with 32 px padding on each side, and cell outputs are 692 px wide), and an image wider
-than the column is scaled down to fit it. The rule: every text of a figure, at the size a reader
-sees it,
+is 756 px with 32 px padding on each side, and cell outputs are 692 px wide). A wider image either
+runs past the column's edge (a cell's PNG output, measured: 703 px shown at 703 px) or is scaled
+down to fit it (an explorer's states). The rule: every figure fits the column, and every text of
+it, at the size a reader sees it,
 
     font size in pt x dpi / 72 x min(1, column px / figure px)  >=  MIN_TEXT_PX = 11 px,
 
