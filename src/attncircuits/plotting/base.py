@@ -13,18 +13,21 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
 from matplotlib.text import Text
 
 from ..data import visible
 
 #: The book's content column at a 1300 px window, in CSS px (measured in the built book).
-COLUMN_PX = 736
+COLUMN_PX = 692
 #: The smallest text a figure may show, in CSS px once the figure is scaled to the column.
 MIN_TEXT_PX = 11.0
 #: Pixels per inch of every figure (the inline backend's default): an inch of figure is 100 px.
 DPI = 100
-#: The widest figure that is shown at its own size in the column, in inches.
-MAX_WIDTH_IN = COLUMN_PX / DPI
+#: The margin the notebook's PNG adds around what is drawn, on each side, in inches (savefig's default).
+PAD_IN = 0.1
+#: The widest figure that is shown at its own size in the column (margins included), in inches.
+MAX_WIDTH_IN = COLUMN_PX / DPI - 2 * PAD_IN
 #: Type sizes in points (a point is DPI / 72 px): numbers in cells and tick labels, axis labels, titles.
 SMALL_PT, TICK_PT, LABEL_PT, TITLE_PT = 8.0, 9.0, 10.0, 11.0
 
@@ -57,7 +60,7 @@ def figure_png(fig: Figure) -> bytes:
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", pad_inches=PAD_IN, facecolor="white")
     return buf.getvalue()
 
 
@@ -77,6 +80,15 @@ def new_figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6
     kw.setdefault("layout", "constrained")
     fig, axes = plt.subplots(nrows, ncols, figsize=(w, h), dpi=DPI, squeeze=False, FigureClass=ShowOnceFigure, **kw)
     return fig, axes
+
+
+def subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (6.0, 3.5), squeeze: bool = True, **kw):
+    """Like ``plt.subplots``, for composing panels from the functions here: the figure shows once
+    and is never wider than the column, so its text keeps the size it was drawn at."""
+    fig, axes = new_figure(nrows, ncols, figsize, **kw)
+    if not squeeze:
+        return fig, axes
+    return fig, axes[0, 0] if axes.size == 1 else axes.squeeze()
 
 
 def new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
@@ -100,6 +112,7 @@ def set_title(ax: Axes, title: str | None, pt: float = TITLE_PT) -> None:
 
 
 def wrap(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters, keeping its own line breaks."""
     return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
@@ -108,7 +121,7 @@ def finish(fig: Figure, title: str | None = None, legend_axes: Sequence[Axes] = 
     for ax in legend_axes:
         ax.legend(fontsize=SMALL_PT + 0.5)
     if title:
-        chars = int(fig.get_figwidth() * 72 / (0.55 * TITLE_PT + 0.5))
+        chars = int(fig.get_figwidth() * 72 / (0.55 * (TITLE_PT + 0.5)))
         fig.suptitle(wrap(title, chars), fontsize=TITLE_PT + 0.5)
     return fig
 
@@ -145,9 +158,9 @@ def token_ticks(ax: Axes, which: str, labels: Sequence[str], rotation: float = 0
         ax.set_yticks(range(len(shown)), shown, fontsize=pt, family="monospace", **kw)
 
 
-def colorbar(fig: Figure, mappable, ax, label: str = "", shrink: float = 0.85):
-    """A colorbar beside ``ax`` with its label and ticks at the type sizes above."""
-    cb = fig.colorbar(mappable, ax=ax, shrink=shrink)
+def colorbar(fig: Figure, mappable, ax, label: str = "", shrink: float = 0.85, location: str = "right"):
+    """A colorbar beside ``ax`` (or below it) with its label and ticks at the type sizes above."""
+    cb = fig.colorbar(mappable, ax=ax, shrink=shrink, location=location)
     cb.set_label(label, fontsize=LABEL_PT - 1)
     cb.ax.tick_params(labelsize=SMALL_PT + 0.5)
     return cb
@@ -176,10 +189,15 @@ def _drawn_texts(fig: Figure) -> list[Text]:
 
 
 def shown_width_px(fig: Figure) -> float:
-    """The width of the PNG a notebook shows for ``fig`` (cropped to what is drawn), in px."""
+    """The width of the PNG a notebook shows for ``fig`` (cropped to what is drawn, plus a margin
+    of :data:`PAD_IN` on each side, as both the inline backend and :func:`figure_png` save it), in px."""
+    if not hasattr(fig.canvas, "get_renderer"):  # a Figure made without pyplot has no drawing canvas yet
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
-    return fig.get_tightbbox(renderer).width * fig.dpi
+    return (fig.get_tightbbox(renderer).width + 2 * PAD_IN) * fig.dpi
 
 
 def text_sizes_px(fig: Figure, column_px: float = COLUMN_PX) -> list[tuple[float, str]]:
@@ -187,6 +205,23 @@ def text_sizes_px(fig: Figure, column_px: float = COLUMN_PX) -> list[tuple[float
     ``column_px`` wide: the figure is shown at its own size, or scaled down to the column."""
     scale = min(1.0, column_px / shown_width_px(fig))
     return sorted((t.get_fontsize() * fig.dpi / 72 * scale, t.get_text()) for t in _drawn_texts(fig))
+
+
+def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of neighbouring tick labels on one axis whose drawn boxes overlap (unreadable however
+    large they are)."""
+    shown_width_px(fig)  # draws the figure
+    renderer = fig.canvas.get_renderer()
+    out = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text().strip()]
+            boxes = [t.get_window_extent(renderer) for t in labels]
+            for (a, ba), (b, bb) in zip(zip(labels, boxes), zip(labels[1:], boxes[1:])):
+                inter = Bbox.intersection(ba, bb)
+                if inter is not None and inter.width * inter.height > 1.0:  # more than touching
+                    out.append((a.get_text(), b.get_text()))
+    return out
 
 
 def smallest_text_px(fig: Figure, column_px: float = COLUMN_PX) -> float:

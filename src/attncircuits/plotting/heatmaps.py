@@ -81,21 +81,24 @@ def circuit_heatmap(
     xlabel: str = "",
     ylabel: str = "",
     colorbar_label: str = "",
+    row_ticks: bool = True,
+    colorbar_location: str = "right",
 ) -> Figure:
     """A matrix on a token subset (a QK or OV circuit, a table of norms). Signed values use a
     diverging scale centred at 0, so red and blue mean the same sign in every panel; values that
-    are all non-negative (norms) use a sequential scale from 0."""
+    are all non-negative (norms) use a sequential scale from 0. Panels side by side can drop
+    their row labels (``row_ticks=False``) and put the colorbar ``"bottom"`` to widen the cells."""
     m = numpy(matrix)
     if m.shape != (len(row_labels), len(col_labels)):
         raise ValueError(f"matrix is {m.shape} but {len(row_labels)} row and {len(col_labels)} column labels were given")
     ax = new_axes(ax, (max(3.8, 2.0 + 0.2 * len(col_labels)), max(3.0, 1.6 + 0.2 * len(row_labels))))
-    im = ax.imshow(m, **signed_or_sequential(m))
+    im = ax.imshow(m, **signed_or_sequential(m), aspect="auto")  # fills its box: the colorbar never outgrows it
     token_ticks(ax, "x", col_labels, rotation=90, pt=SMALL_PT)
-    token_ticks(ax, "y", row_labels, pt=SMALL_PT)
+    token_ticks(ax, "y", row_labels if row_ticks else [""] * len(row_labels), pt=SMALL_PT)
     ax.set_xlabel(xlabel, fontsize=LABEL_PT - 1)
     ax.set_ylabel(ylabel, fontsize=LABEL_PT - 1)
     set_title(ax, title, pt=LABEL_PT)
-    colorbar(ax.figure, im, ax, colorbar_label)
+    colorbar(ax.figure, im, ax, colorbar_label, location=colorbar_location)
     return ax.figure
 
 
@@ -112,7 +115,8 @@ def heatmap_grid(
 ) -> Figure:
     """Several :func:`circuit_heatmap` panels on one token subset, ``ncols`` to a row (e.g. each
     head's OV and QK circuit side by side, one head per row), sized so every label stays legible
-    in the book's column. ``xlabels``/``ylabels`` give one label per panel, or one for all."""
+    in the book's column: the panels share the row labels of the first column, and each has its
+    colorbar below it. ``xlabels``/``ylabels`` give one label per panel, or one for all."""
     if not len(matrices) == len(titles):
         raise ValueError(f"{len(matrices)} matrices but {len(titles)} titles; pass one title per panel")
     if not len(matrices):
@@ -120,13 +124,13 @@ def heatmap_grid(
     xl = [xlabels] * len(matrices) if isinstance(xlabels, str) else list(xlabels)
     yl = [ylabels] * len(matrices) if isinstance(ylabels, str) else list(ylabels)
     nrows = -(-len(matrices) // ncols)
-    panel_h = 1.7 + MIN_CELL_IN * 1.1 * len(row_labels)
+    panel_h = 2.3 + MIN_CELL_IN * 1.1 * len(row_labels)
     fig, axes = new_figure(nrows, ncols, figsize=(MAX_WIDTH_IN, panel_h * nrows + (0.4 if title else 0)))
     for ax in axes.flat[len(matrices):]:
         ax.axis("off")
     for i, (ax, m, t) in enumerate(zip(axes.flat, matrices, titles)):
         circuit_heatmap(m, row_labels, col_labels, ax=ax, title=t, xlabel=xl[i], ylabel=yl[i],
-                        colorbar_label=colorbar_label)
+                        colorbar_label=colorbar_label, row_ticks=i % ncols == 0, colorbar_location="bottom")
     return finish(fig, title)
 
 
@@ -171,7 +175,7 @@ def score_heatmaps(
             raise ValueError(f"score {name!r} has shape {m.shape}, the first has {(n_layers, n_heads)}")
     fig, axes = new_figure(1, len(mats), figsize=(0.6 * n_heads * len(mats) + 1.2, 0.6 * n_layers + 1.5))
     for ax, (name, m) in zip(axes[0], mats.items()):
-        ax.imshow(m, cmap="RdBu", vmin=vmin, vmax=vmax)
+        ax.imshow(m, cmap="RdBu", vmin=vmin, vmax=vmax, aspect="auto")
         annotate_cells(ax, m, ".2f", 0.0, vmax)
         ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=TICK_PT)
         ax.set_yticks(range(n_layers), [f"layer {l}" for l in range(n_layers)], fontsize=TICK_PT)
@@ -203,11 +207,11 @@ def composition_heatmaps(
             raise ValueError(f"no baseline for {k!r}: pass baseline_mean and baseline_std with the same keys as scores")
     hi = max(float(m.max()) for m in mats.values())
     side = 1.5 + 0.42 * len(reader_labels)
-    fig, axes = new_figure(1, len(mats), figsize=(side * len(mats), 1.8 + 0.42 * len(writer_labels)))
+    fig, axes = new_figure(1, len(mats), figsize=(side * len(mats), 2.0 + 0.4 * len(writer_labels)))
     for ax, (k, m) in zip(axes[0], mats.items()):
         mu, sd = baseline_mean[k], baseline_std[k]
         span = max(hi - mu, 1e-9)
-        im = ax.imshow(m, cmap="RdBu_r", vmin=mu - span, vmax=mu + span)
+        im = ax.imshow(m, cmap="RdBu_r", vmin=mu - span, vmax=mu + span, aspect="auto")
         annotate_cells(ax, m, ".2f", mu, span, pt=SMALL_PT)
         for (i, j), v in np.ndenumerate(m):
             if v > mu + 3 * sd:
@@ -260,6 +264,11 @@ def head_patterns_grid(
     return finish(fig, suptitle)
 
 
+def _short(text: str, n: int = 14) -> str:
+    """``text`` cut to ``n`` characters with an ellipsis (long whitespace runs, in a table cell)."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def head_circuits_figure(
     trigram_rows: Sequence[Sequence],
     ov: Float[np.ndarray, "n n"],
@@ -272,13 +281,13 @@ def head_circuits_figure(
     source score) on a token subset, side by side."""
     n = len(token_labels)
     table_h = 0.45 + 0.2 * (len(trigram_rows) + 1)
-    heat_h = 1.9 + MIN_CELL_IN * 1.1 * n
+    heat_h = 2.5 + MIN_CELL_IN * 1.1 * n
     fig = new_figure(figsize=(MAX_WIDTH_IN, table_h + heat_h + (0.4 if title else 0)))[0]
     fig.clear()
     gs = fig.add_gridspec(2, 2, height_ratios=[table_h, heat_h])
     ax_t = fig.add_subplot(gs[0, :])
     ax_t.axis("off")
-    cells = [[visible(str(c)) if isinstance(c, str) else f"{c:.2f}" for c in r] for r in trigram_rows]
+    cells = [[_short(visible(c)) if isinstance(c, str) else f"{c:.2f}" for c in r] for r in trigram_rows]
     if cells:
         tab = ax_t.table(cellText=cells, colLabels=["source", "… destination", "→ output", "score"],
                          loc="upper center", cellLoc="left", colWidths=[0.26, 0.26, 0.26, 0.12])
@@ -286,8 +295,11 @@ def head_circuits_figure(
         tab.set_fontsize(TICK_PT)
         tab.scale(1.0, 1.25)
     ax_t.set_title("top skip-trigrams (whole vocabulary)", fontsize=LABEL_PT)
-    circuit_heatmap(ov, token_labels, token_labels, ax=fig.add_subplot(gs[1, 0]), title="OV: source → output logit",
-                    xlabel="output", ylabel="source (attended to)", colorbar_label="logit (row-centred)")
-    circuit_heatmap(qk, token_labels, token_labels, ax=fig.add_subplot(gs[1, 1]), title="QK: destination → source",
-                    xlabel="source (key)", ylabel="destination (query)", colorbar_label="score (row-centred)")
+    labels = [_short(visible(t), 9) for t in token_labels]
+    circuit_heatmap(ov, labels, labels, ax=fig.add_subplot(gs[1, 0]), title="OV: source → output logit",
+                    xlabel="output", ylabel="source (attended to)", colorbar_label="logit (row-centred)",
+                    colorbar_location="bottom")
+    circuit_heatmap(qk, labels, labels, ax=fig.add_subplot(gs[1, 1]), title="QK: destination → source",
+                    xlabel="source (key)", ylabel="destination (query): rows as on the left",
+                    colorbar_label="score (row-centred)", row_ticks=False, colorbar_location="bottom")
     return finish(fig, title)

@@ -2,11 +2,10 @@
 
 With a kernel and ipywidgets, controls appear above one figure output, and every change redraws
 that output in place. Without them (a plain script, a kernel without ipywidgets, or the environment
-variable ``ATTNCIRCUITS_STATIC=1``, which the book build sets), the explorer draws a few states in
-advance and shows them with buttons that switch between them in plain HTML
-(:mod:`attncircuits.widgets.static`), so a static page has controls that work and no control that
-does nothing.
-"""
+variable ``ATTNCIRCUITS_STATIC=1``, meant for the book build: ``ATTNCIRCUITS_STATIC=1 jupyter-book
+build .``), the explorer draws a few states in advance and shows them with buttons that switch
+between them in plain HTML (:mod:`attncircuits.widgets.static`), so a static page has controls that
+work and no control that does nothing."""
 
 from __future__ import annotations
 
