@@ -60,23 +60,38 @@ $(ASSETS_STAMP): | venv
 	rm $$tmp/*.tgz && rm -rf $(VENDOR) && mv $$tmp $(VENDOR) && touch $@ || fail "cannot move $$tmp to $(VENDOR)"; \
 	echo "fetched $(MATHJAX_NPM) and $(WIDGETS_NPM) into $(VENDOR)"
 
-# PNGs of the built landing page and one chapter, opened from file:// by a headless browser with
-# the network features off, into screenshots/ (git-ignored). Installs Debian's chromium if needed.
-SHOT_PAGES ?= book/intro notebooks/01_attention_only_transformer
-screenshots:
+# PNGs of every page of the built book, opened from file:// by a headless browser with the network
+# features off, into screenshots/ (git-ignored). Each page is measured (its height once loaded),
+# shot whole in a SHOT_WIDTH-wide window that tall, and cut into tiles of SHOT_TILE px:
+# screenshots/<page>-01.png, -02.png, ... Installs Debian's chromium if needed.
+# `make screenshots SHOT_PAGES=book/intro` shoots one page.
+SHOT_PAGES ?= book/intro book/setup book/notation $(basename $(sort $(wildcard notebooks/*.ipynb))) book/reproduces book/references
+SHOT_WIDTH ?= 1300
+SHOT_TILE ?= 2400
+CHROMIUM_FLAGS = --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \
+  --disable-sync --no-first-run --disable-quic '--host-resolver-rules=MAP * ~NOTFOUND' --hide-scrollbars
+PAGE_HEIGHT_JS = <script>window.addEventListener("load",()=>{document.body.dataset.h=document.documentElement.scrollHeight})</script>
+TILE_PNG = import sys; from PIL import Image; src, tile = sys.argv[1], int(sys.argv[2]); im = Image.open(src); \
+  [im.crop((0, y, im.width, min(y + tile, im.height))).save(src.replace(".full.png", "-%02d.png" % (y // tile + 1))) \
+   for y in range(0, im.height, tile)]; print(src.replace(".full.png", ""), -(-im.height // tile), "tiles")
+screenshots: venv
 	@test -f _build/html/index.html || { echo "no built book: run 'make book' first" >&2; exit 1; }
 	@command -v $(CHROMIUM) >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	mkdir -p screenshots
 	@for page in $(SHOT_PAGES); do \
 	  f=_build/html/$$page.html; \
 	  [ -f $$f ] || { echo "no page $$page in _build/html" >&2; exit 1; }; \
-	  profile=$$(mktemp -d); out=screenshots/$$(echo $$page | tr / _).png; rm -f $$out; \
-	  timeout 120 $(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-background-networking \
-	    --disable-component-update --disable-sync --no-first-run --disable-quic --user-data-dir=$$profile \
-	    '--host-resolver-rules=MAP * ~NOTFOUND' \
-	    --hide-scrollbars --window-size=1300,2400 --virtual-time-budget=10000 \
-	    --screenshot=$$out file://$(CURDIR)/$$f 2>/dev/null; rc=$$?; rm -rf $$profile; \
-	  [ $$rc -eq 0 ] && [ -s $$out ] || { echo "chromium failed on $$f" >&2; exit 1; }; echo "$$out"; \
+	  out=screenshots/$$(echo $$page | tr / _); rm -f $$out.full.png $$out-*.png; \
+	  cp $$f $$f.height.html && echo '$(PAGE_HEIGHT_JS)' >> $$f.height.html; \
+	  profile=$$(mktemp -d); h=$$(timeout 120 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \
+	    --window-size=$(SHOT_WIDTH),$(SHOT_TILE) --dump-dom file://$(CURDIR)/$$f.height.html 2>/dev/null \
+	    | grep -o 'data-h="[0-9]*"' | tr -dc 0-9); rm -rf $$profile $$f.height.html; \
+	  [ -n "$$h" ] || { echo "chromium could not measure $$f" >&2; exit 1; }; \
+	  profile=$$(mktemp -d); timeout 600 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \
+	    --window-size=$(SHOT_WIDTH),$$h --virtual-time-budget=10000 \
+	    --screenshot=$$out.full.png file://$(CURDIR)/$$f 2>/dev/null; rc=$$?; rm -rf $$profile; \
+	  [ $$rc -eq 0 ] && [ -s $$out.full.png ] || { echo "chromium failed on $$f" >&2; exit 1; }; \
+	  $(PY) -c '$(TILE_PNG)' $$out.full.png $(SHOT_TILE) && rm $$out.full.png || exit 1; \
 	done
 
 # Every stage runs even when an earlier one failed; the last line names each failed stage and the
@@ -85,7 +100,7 @@ test: venv
 	@failed=; stage() { name=$$1; shift; echo "==> make test: $$name"; "$$@" || failed="$$failed $$name"; }; \
 	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \
 	stage pytest $(PY) -m pytest tests; \
-	stage nbval $(PY) -m pytest --nbval-lax notebooks book/reproduces.ipynb; \
+	stage nbval $(PY) -m pytest -p tests.notebook_pages --nbval-lax notebooks book/reproduces.ipynb; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; exit 1; fi; \
 	echo "make test: every stage passed"
 

@@ -317,3 +317,18 @@ def test_the_offline_scanner_flags_external_loads():
     )
     assert external_loads(html) == ["https://cdn.example.org/x.js", "//fonts.example.org/css", "https://fonts.example.org/f.css"]
     assert external_loads('<link rel="icon" href="_static/favicon.png"><img src="fig.png">') == []
+
+
+def test_code_blocks_of_the_pages_fit_the_column():
+    """Fenced code in book/*.md is held to the notebooks' line limit (tests/notebook_pages.py)."""
+    from notebook_pages import LINE_LIMIT
+
+    long_lines = []
+    for page in sorted((REPO / "book").glob("*.md")):
+        fenced = False
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith(("```", "~~~")):
+                fenced = not fenced
+            elif fenced and len(line) > LINE_LIMIT:
+                long_lines.append(f"{page.name}:{n} ({len(line)} characters)")
+    assert not long_lines, f"code lines wider than the book's column: {long_lines}"

@@ -244,7 +244,7 @@ def test_head_scores_table(tiny_model):
     assert hs.previous_token.shape == hs.prefix_matching.shape == hs.copying.shape == (2, 4)
     assert ((hs.copying >= -1) & (hs.copying <= 1)).all()
     rows = hs.rows()
-    assert len(rows) == 8 and rows[5]["head"] == "L1H1"
+    assert len(rows) == 8 and rows[5]["head"] == "1.1"
     assert hs.table().count("\n") == 8
     hs.prefix_matching[1, 2] = 5.0
     assert hs.best("prefix_matching") == (1, 2)
@@ -305,26 +305,26 @@ def test_icl_positions_past_the_context(tiny_model):
 # The weight-based view (circuits.induction): K-composition term and eigenvalue positivity
 # ----------------------------------------------------------------------------------------------
 def test_hand_built_induction_head_sits_in_the_corner(induction_model):
-    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_qk_circuit
+    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_circuit
 
     eig = induction_eigen_positivity(induction_model)
     assert eig.qk[0] > 0.99 and eig.ov[0] > 0.99  # identity-like K-composition term and OV circuit
     assert eig.corner() == [0]
     # the term is diagonal: query token a matches "previous token" b exactly when a == b
-    k = k_composition_qk_circuit(induction_model, head=0).dense()
+    k = k_composition_circuit(induction_model, 1, 0).dense()
     torch.testing.assert_close(k, torch.eye(V) * EMBED**2 / math.sqrt(V))
     # without the previous-token head as writer, nothing is left to compose with
-    assert k_composition_qk_circuit(induction_model, head=0, writers=[1]).dense().abs().max() == 0
+    assert k_composition_circuit(induction_model, 1, 0, writers=[1]).dense().abs().max() == 0
 
 
 def test_k_composition_term_matches_the_dense_product(tiny_model):
-    from attncircuits.circuits.induction import k_composition_qk_circuit, writer_ov
+    from attncircuits.circuits.induction import k_composition_circuit, writer_ov
 
     m = tiny_model
     b0, b1 = m.blocks
     ov0 = sum(b0.W_V[p] @ b0.W_O[p] for p in range(4))
     dense = (m.W_E @ b1.W_Q[2]) @ (m.W_E @ ov0 @ b1.W_K[2]).T / math.sqrt(8)
-    fm = k_composition_qk_circuit(m, head=2)
+    fm = k_composition_circuit(m, 1, 2)
     torch.testing.assert_close(fm.dense(), dense.detach(), atol=1e-4, rtol=1e-4)
     # eigenvalues through the d_head x d_head product equal the dense ones (plus zeros)
     dense_eig = torch.linalg.eigvals(dense.detach().double())
@@ -333,16 +333,24 @@ def test_k_composition_term_matches_the_dense_product(tiny_model):
     torch.testing.assert_close(writer_ov(m, [1]), (b0.W_V[1] @ b0.W_O[1]).detach())
 
 
+def test_k_composition_old_argument_order_still_works_and_warns(tiny_model):
+    from attncircuits.circuits.induction import k_composition_circuit, k_composition_qk_circuit
+
+    with pytest.warns(DeprecationWarning, match="layer first"):
+        old = k_composition_qk_circuit(tiny_model, 2, writers=[1])  # head before layer
+    torch.testing.assert_close(old.dense(), k_composition_circuit(tiny_model, 1, 2, writers=[1]).dense())
+
+
 def test_k_composition_bad_input(tiny_model):
-    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_qk_circuit
+    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_circuit
 
     one = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
     with pytest.raises(ValueError, match="load a two-layer model"):
         induction_eigen_positivity(one)
     with pytest.raises(IndexError, match="valid heads"):
-        k_composition_qk_circuit(tiny_model, head=0, writers=[7])
+        k_composition_circuit(tiny_model, 1, 0, writers=[7])
     with pytest.raises(IndexError, match="no earlier layer"):
-        k_composition_qk_circuit(tiny_model, layer=0)
+        k_composition_circuit(tiny_model, 0)
 
 
 def test_ablation_effects_of_chosen_heads_only(induction_model):

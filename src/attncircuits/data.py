@@ -13,6 +13,7 @@ and English words are single tokens, so skip-trigram tables read as words rather
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import sysconfig
 from dataclasses import dataclass
@@ -195,9 +196,34 @@ def visible(s: str) -> str:
     return "".join(_VISIBLE.get(c, c) for c in s)
 
 
+def _byte_level_chars() -> dict[str, int]:
+    """The byte-level BPE alphabet: each of the 256 bytes is written as one printable character
+    (printable Latin-1 bytes as themselves, the others as ``chr(256 + k)`` in byte order)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_chars()
+_HEX_BYTES = "attncircuits-hex-bytes"  # a decoding error handler: an undecodable byte reads <0xE2>
+codecs.register_error(_HEX_BYTES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end))
+
+
 def token_str(tokenizer, token_id: int) -> str:
-    """One token as readable text (whitespace made visible)."""
-    return visible(tokenizer.decode([validate.token_id(token_id, tokenizer.get_vocab_size(), "token_id")], skip_special_tokens=False))
+    """One token as readable text (whitespace made visible). A byte-level token that is not valid
+    UTF-8 on its own (a piece of a multi-byte character) shows its bytes, e.g. ``<0xE2>``, where
+    decoding would give ``\ufffd``."""
+    text = decode(tokenizer, [token_id])
+    piece = tokenizer.id_to_token(int(token_id)) if "\ufffd" in text else None
+    if piece is not None and all(c in _BYTE_LEVEL for c in piece):
+        text = bytes(_BYTE_LEVEL[c] for c in piece).decode("utf-8", errors=_HEX_BYTES)
+    return visible(text)
 
 
 def token_strs(tokenizer, ids: Iterable[int]) -> list[str]:

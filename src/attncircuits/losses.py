@@ -22,7 +22,8 @@ from torch import Tensor
 
 from . import validate
 from .data import _repeated_rows
-from .model import ActivationCache, AttnOnlyTransformer, Head, loss_fn
+from .heads import Head
+from .model import ActivationCache, AttnOnlyTransformer, loss_fn
 from .validate import max_repeat_len
 
 __all__ = [

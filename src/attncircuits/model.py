@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from . import validate
-from .validate import Head
+from .heads import Head
 
 
 @dataclass
@@ -93,19 +93,22 @@ class Attention(nn.Module):
         q = einsum(qk_in, self.W_Q, "b p dm, h dm dh -> b p h dh")
         k = einsum(qk_in, self.W_K, "b p dm, h dm dh -> b p h dh")
         v = einsum(resid, self.W_V, "b p dm, h dm dh -> b p h dh")
-        scores = einsum(q, k, "b q h dh, b k h dh -> b h q k") / math.sqrt(q.shape[-1])
+        scores = einsum(q, k, "b q h dh, b k h dh -> b h q k")
+        scores = scores / math.sqrt(q.shape[-1])
         scores = scores.masked_fill(~self.mask[:n, :n], float("-inf"))
         pattern = scores.softmax(dim=-1)
-        if pattern_replace:  # e.g. frozen patterns for pattern-preserving ablation
+        if pattern_replace:  # frozen patterns: pattern-preserving ablation
             pattern = pattern.clone()
             for h, new in pattern_replace.items():
                 pattern[:, h] = torch.as_tensor(new).to(pattern)[..., :n, :n]
         z = einsum(pattern, v, "b h q k, b k h dh -> b q h dh")
         head_out = einsum(z, self.W_O, "b q h dh, h dh dm -> b q h dm")
-        if out_replace:  # zero ablation passes 0.0; mean ablation a mean; or any function
+        # zero ablation passes 0.0, mean ablation a mean, or any function
+        if out_replace:
             head_out = head_out.clone()
             for h, new in out_replace.items():
-                head_out[:, :, h] = new(head_out[:, :, h]) if callable(new) else new.to(head_out)
+                old = head_out[:, :, h]
+                head_out[:, :, h] = new(old) if callable(new) else new.to(old)
         if cache is not None:
             cache.attn_scores.append(scores)
             cache.pattern.append(pattern)

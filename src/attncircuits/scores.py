@@ -24,7 +24,8 @@ from . import validate
 from .data import _repeated_rows
 from .losses import *  # noqa: F401,F403  (the names in losses.__all__: the chapters import them from here)
 from .losses import _repeat_args
-from .model import ActivationCache, AttnOnlyTransformer, Head
+from .heads import Head, head_name
+from .model import ActivationCache, AttnOnlyTransformer
 from .validate import heads as as_heads  # noqa: F401  (a (layer, head) pair or a list of them, checked)
 
 SCORES = ("previous_token", "prefix_matching", "copying")
@@ -160,11 +161,11 @@ class HeadScores:
     copying: Tensor
 
     def rows(self) -> list[dict]:
-        """One dict per head (``head`` is ``"L1H4"``), for a table."""
+        """One dict per head (``head`` is its name, ``"1.4"``: see :func:`~attncircuits.heads.head_name`), for a table."""
         n_layers, n_heads = self.previous_token.shape
         return [
             {
-                "head": f"L{l}H{h}",
+                "head": head_name(l, h),
                 "previous_token": float(self.previous_token[l, h]),
                 "prefix_matching": float(self.prefix_matching[l, h]),
                 "copying": float(self.copying[l, h]),

@@ -264,7 +264,7 @@ def train(
                 if progress:
                     bar.write(_summary(step, ev))
             if step == cfg.steps:
-                break
+                continue  # the last step only evaluates; the bar then ends at its total
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
             batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-Head = tuple[int, int]  # (layer, head)
+from .heads import Head  # (layer, head)
 
 #: visible stand-ins for whitespace that token strings may use (as ``data.visible`` prints them)
 VISIBLE_WHITESPACE = {"·": " ", "⏎": "\n", "⇥": "\t", "␍": "\r"}

@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .. import validate
+from ..heads import Head
 from ..model import AttnOnlyTransformer
 from .factored import FactoredMatrix
 
@@ -53,7 +54,6 @@ __all__ = [
     "virtual_ov_circuit",
 ]
 
-Head = tuple[int, int]  # (layer, head)
 KINDS = ("q", "k", "v")
 KIND_NAMES = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 

@@ -20,6 +20,7 @@ previous token is the layer-0 head's positional QK circuit (:func:`positional_qk
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -32,7 +33,13 @@ from ..model import AttnOnlyTransformer
 from .factored import FactoredMatrix, _ov
 from .skip_trigrams import eigen_copying_score
 
-__all__ = ["InductionEigen", "induction_eigen_positivity", "k_composition_qk_circuit", "writer_ov"]
+__all__ = [
+    "InductionEigen",
+    "induction_eigen_positivity",
+    "k_composition_circuit",
+    "k_composition_qk_circuit",
+    "writer_ov",
+]
 
 
 def _reader(model: AttnOnlyTransformer, layer, writers) -> tuple[int, list[int]]:
@@ -58,14 +65,15 @@ def _writer_ov(model: AttnOnlyTransformer, heads: list[int], layer: int) -> Tens
         return (blk.W_V[idx] @ blk.W_O[idx]).sum(0)
 
 
-def k_composition_qk_circuit(
-    model: AttnOnlyTransformer, head: int | None = None, writers: Sequence[int] | None = None, layer: int = 1
+def k_composition_circuit(
+    model: AttnOnlyTransformer, layer: int, head: int | None = None, writers: Sequence[int] | None = None
 ) -> FactoredMatrix:
-    """The K-composition term ``W_E W_Q^h (W_E W_OV^writers W_K^h)^T / sqrt(d_head)`` of a head in
-    ``layer``: row = query token, column = the token *before* the key (as layer 0 wrote it).
+    """The K-composition term ``W_E W_Q^h (W_E W_OV^writers W_K^h)^T / sqrt(d_head)`` of head
+    ``head`` in ``layer`` (layer first, like :func:`full_ov_circuit`): row = query token, column =
+    the token *before* the key (as the previous layer wrote it).
 
     ``head=None`` gives every head of the layer, ``[n_heads, d_vocab, d_vocab]``; ``writers`` are the
-    layer-0 heads whose output the keys read (default: all, i.e. the whole K-composition term).
+    previous layer's heads whose output the keys read (default: all, i.e. the whole K-composition term).
     """
     layer, writers = _reader(model, layer, writers)
     h = slice(None) if head is None else validate.head(model, head)
@@ -79,6 +87,20 @@ def _k_composition(model: AttnOnlyTransformer, h: slice | int, writers: list[int
         left = model.W_E @ blk.W_Q[h] / math.sqrt(model.cfg.d_head)
         right = (model.W_E @ ov0 @ blk.W_K[h]).transpose(-2, -1)
         return FactoredMatrix(left, right)
+
+
+def k_composition_qk_circuit(
+    model: AttnOnlyTransformer, head: int | None = None, writers: Sequence[int] | None = None, layer: int = 1
+) -> FactoredMatrix:
+    """Deprecated argument order (head before layer): use ``k_composition_circuit(model, layer, head,
+    writers)``, which takes the layer first like every other circuit function."""
+    warnings.warn(
+        "k_composition_qk_circuit(model, head, writers, layer) is deprecated; call "
+        "k_composition_circuit(model, layer, head, writers=...) instead (layer first)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return k_composition_circuit(model, layer, head, writers)
 
 
 @dataclass

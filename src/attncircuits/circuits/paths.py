@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .. import validate
+from ..heads import head_name
 from ..model import AttnOnlyTransformer
 
 NO_LAYERS = "attention patterns: its logits are the direct path alone"
@@ -46,7 +47,7 @@ class PathExpansion:
 
     @property
     def labels(self) -> list[str]:
-        out = ["direct"] + [f"head 0.{h}" for h in range(self.heads.shape[2])]
+        out = ["direct"] + [f"head {head_name(0, h)}" for h in range(self.heads.shape[2])]
         return out + (["later layers"] if self.rest is not None else [])
 
     @property

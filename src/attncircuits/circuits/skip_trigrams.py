@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .. import validate
 from ..data import token_str
+from ..heads import head_name
 from ..model import AttnOnlyTransformer
 from .factored import FactoredMatrix, _ov, _qk
 
@@ -151,7 +152,7 @@ class SkipTrigrams:
 
     def format(self, tokenizer, head: int, n: int | None = None) -> str:
         """A plain-text table: ``source … destination → output`` with its scores."""
-        lines = [f"head {self.layer}.{head}: source … destination → output   attn   OV    score"]
+        lines = [f"head {head_name(self.layer, head)}: source … destination → output   attn   OV    score"]
         for s, d, o, a, ov, sc in self.rows(tokenizer, head, n):
             lines.append(f"  {s!r:>14} … {d!r:<12} → {o!r:<14} {a:5.2f} {ov:5.2f} {sc:6.2f}")
         return "\n".join(lines)
