@@ -219,8 +219,13 @@ def token_str(tokenizer, token_id: int) -> str:
     """One token as readable text (whitespace made visible). A byte-level token that is not valid
     UTF-8 on its own (a piece of a multi-byte character) shows its bytes, e.g. ``<0xE2>``, where
     decoding would give ``\ufffd``."""
-    text = decode(tokenizer, [token_id])
-    piece = tokenizer.id_to_token(int(token_id)) if "\ufffd" in text else None
+    token_id = validate.token_id(token_id, tokenizer.get_vocab_size(), "token_id")
+    return _token_text(tokenizer, token_id)
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    piece = tokenizer.id_to_token(token_id) if "\ufffd" in text else None
     if piece is not None and all(c in _BYTE_LEVEL for c in piece):
         text = bytes(_BYTE_LEVEL[c] for c in piece).decode("utf-8", errors=_HEX_BYTES)
     return visible(text)
@@ -229,7 +234,7 @@ def token_str(tokenizer, token_id: int) -> str:
 def token_strs(tokenizer, ids: Iterable[int]) -> list[str]:
     """Each token of a 1-D sequence of ids as readable text."""
     ids = validate.token_ids(ids, tokenizer.get_vocab_size(), "ids", ndim=1)
-    return [visible(tokenizer.decode([i], skip_special_tokens=False)) for i in ids.tolist()]
+    return [_token_text(tokenizer, i) for i in ids.tolist()]
 
 
 def token_id(tokenizer, s: str) -> int:
