@@ -40,6 +40,7 @@ __all__ = [
     "positional_frequencies",
     "previous_token_model",
     "previous_token_qk",
+    "set_head",
     "two_back_model",
 ]
 
@@ -165,9 +166,17 @@ def copy_ov(
 
 
 @torch.no_grad()
-def _set_head(model: AttnOnlyTransformer, layer: int, head: int = 0, **weights: Tensor) -> None:
+def set_head(model: AttnOnlyTransformer, layer: int, head: int = 0, **weights: Tensor) -> None:
+    """Write ``weights`` (``W_Q=..., W_K=..., W_V=..., W_O=...``, each one head's matrix) into a head."""
+    model.check_head(layer, head)
     block = model.blocks[layer]
     for name, value in weights.items():
+        if name not in ("W_Q", "W_K", "W_V", "W_O"):
+            raise ValueError(f"unknown weight {name!r}; a head has W_Q, W_K, W_V and W_O")
+        want = tuple(getattr(block, name).shape[1:])
+        value = torch.as_tensor(value)
+        if tuple(value.shape) != want:
+            raise ValueError(f"{name} of one head must have shape {list(want)}, got {list(value.shape)}")
         getattr(block, name)[head] = value
 
 
@@ -179,7 +188,7 @@ def previous_token_model(layout: Layout = Layout(), sharpness: float = 12.0) -> 
     cfg = model.cfg
     W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
     W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("out"))
-    _set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
     return model
 
 
@@ -193,9 +202,9 @@ def two_back_model(layout: Layout = Layout(), sharpness: float = 12.0) -> AttnOn
     cfg = model.cfg
     W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
     W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("prev"))
-    _set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
     W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("prev"), layout.block("out"))
-    _set_head(model, 1, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_head(model, 1, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
     return model
 
 
@@ -221,8 +230,8 @@ def induction_model(layout: Layout = Layout(), sharpness: float = 12.0, match: f
     cfg = model.cfg
     W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
     W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("prev"))
-    _set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
     W_Q, W_K = induction_qk(layout, match)
     W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("out"))
-    _set_head(model, 1, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_head(model, 1, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
     return model
