@@ -111,7 +111,7 @@ def _prev(pattern, offset=-1):
 def check_previous_token_score(fn) -> bool:
     """``previous_token_score(pattern [batch, head, q, k]) -> Tensor [head]``."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
-    text = _text(m2)
+    text = _text(m2, 4)
     cases = [
         Case("attn-only-2l layer 0, 8 windows of text", (_pattern(m2, text, 0),)),
         Case("attn-only-2l layer 1, 8 windows of text", (_pattern(m2, text, 1),)),
@@ -213,12 +213,12 @@ def _ablated(model, tokens, head, mode):
 def check_ablated_loss(fn) -> bool:
     """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
     m = shipped("attn-only-2l").model
-    toks = scores.repeated_tokens(m, batch_size=4)
+    toks = scores.repeated_tokens(m, 30, batch_size=2)
     rnd = _two_layer()
-    rtoks = scores.repeated_tokens(rnd, 20, batch_size=4)
+    rtoks = scores.repeated_tokens(rnd, 20, batch_size=2)
     cases = [
-        Case(f"attn-only-2l, head {h}, {mode} ablation", (m, toks, h, mode))
-        for h in ((0, 1), (1, 2)) for mode in ("zero", "mean")
+        Case("attn-only-2l, head (0, 1), zero ablation", (m, toks, (0, 1), "zero")),
+        Case("attn-only-2l, head (1, 2), mean ablation", (m, toks, (1, 2), "mean")),
     ]
     cases.append(Case("a random 2-layer model, head (0, 3), mean ablation", (rnd, rtoks, (0, 3), "mean"), kind="random"))
 
@@ -294,7 +294,6 @@ def check_copying_accuracy(fn) -> bool:
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
     cases = [
         Case("a random 2-layer model, heads 1.0 and 1.2", (rnd, [(1, 0), (1, 2)]), kind="random"),
-        Case("attn-only-2l, head 1.1", (m2, [(1, 1)])),
         Case("attn-only-2l, heads 1.0, 1.1, 1.3", (m2, [(1, 0), (1, 1), (1, 3)])),
     ]
 
