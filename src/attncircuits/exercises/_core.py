@@ -22,8 +22,8 @@ book's column) and returns True or False. It never raises for anything the learn
   ``None`` from a body that is only a docstring, ``pass`` or ``...``;
 - raises inside: the exception's type and first line, and the line of the learner's code it came
   from (never a traceback);
-- too slow: each call runs under a time limit (``signal.setitimer`` on the main thread, which stops
-  the call; elsewhere a thread joined with a timeout) and the message gives the time taken;
+- too slow: each call runs in a thread that is waited for at most ``time_limit`` seconds, then
+  stopped (see :func:`_run_with_time_limit`); the message gives the time waited;
 - wrong type, wrong shape (expected vs got, with "transposed" or "a missing batch axis" where
   that explains it), NaN/inf where the answer is finite, wrong device, wrong dtype;
 - a value mismatch: the diagnoses are tried in order, and the first whose wrong answer matches the
@@ -37,7 +37,7 @@ Writing a check:
   ``kind`` (``"shipped"``, ``"random"`` or ``"hand-built"``). Arguments are deep-copied before
   every call, so a learner's function that edits its input in place cannot break the notebook.
   ``expected`` is computed by the reference unless given.
-- :class:`Diagnosis` is a typical wrong answer: ``wrong(expected, case)`` transforms the
+- :class:`Diagnosis` is a typical wrong answer (or, with ``applies``, a property of one): ``wrong(expected, case)`` transforms the
   reference's output (or recomputes from ``case.args``) into what that mistake produces, and
   ``message`` is printed when the learner's output matches it. Return ``None`` from ``wrong``
   when the mistake does not apply to a case. A diagnosis that equals the right answer on a case
@@ -45,6 +45,7 @@ Writing a check:
 - ``canonical`` maps an output to what is compared, after the type and shape checks: e.g. the
   product of two factors (factors are unique only up to an invertible matrix between them), or a
   sorted list.
+- ``time_limit`` (seconds per call) and ``slow_hint`` (what to say when a call runs past it).
 - ``compare(got, expected, case)`` replaces the numeric comparison for outputs that are not
   tensors or numbers (e.g. a list of token triples); it returns ``None`` when they agree, else
   the message.
@@ -60,12 +61,12 @@ from __future__ import annotations
 
 import ast
 import copy
+import ctypes
 import dis
 import functools
 import inspect
 import linecache
 import math
-import signal
 import sysconfig
 import textwrap
 import threading
@@ -102,10 +103,15 @@ class Case:
 
 @dataclass
 class Diagnosis:
-    """A typical mistake: ``wrong(expected, case)`` is what it produces, ``message`` names it."""
+    """A typical mistake: ``wrong(expected, case)`` is what it produces, ``message`` names it.
+
+    Where a mistake is better recognised by a property of the learner's output than by its exact
+    value (e.g. attention on future keys, whatever else is wrong), give ``applies(got, expected,
+    case) -> bool`` instead of ``wrong``."""
 
     message: str
-    wrong: Callable[[Any, Case], Any]
+    wrong: Callable[[Any, Case], Any] | None = None
+    applies: Callable[[Any, Any, Case], bool] | None = None
 
 
 # ---- reporting -----------------------------------------------------------------------------------
@@ -182,43 +188,45 @@ def _first_line(err: BaseException, limit: int = 160) -> str:
 def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
     """(result, seconds). Raises _TimeLimit when ``call`` takes longer than ``limit`` seconds.
 
-    On the main thread (a notebook kernel, pytest) an interval timer interrupts the call itself, so
-    nothing keeps running afterwards. Elsewhere the call runs in a daemon thread that is abandoned
-    when the limit passes (Python cannot stop a thread); its result is then ignored.
+    The call runs in a daemon thread that the caller waits for at most ``limit`` seconds. A signal
+    could not do this: it only interrupts Python code, so a minutes-long ``torch.linalg.eigvals``
+    would hold the notebook until it ended. When time is up the worker is sent an exception, which
+    stops a Python loop at once; a long C operation (a huge matrix product) runs to its end in the
+    background, ignored, and the notebook goes on.
     """
     start = time.perf_counter()
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-
-        def on_alarm(signum, frame):
-            raise _TimeLimit()
-
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, limit)
-        try:
-            result = call()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        return result, time.perf_counter() - start
     box: dict = {}
+    grad = torch.is_grad_enabled()  # grad mode is per thread
 
     def target():
         try:
-            box["result"] = call()
+            with torch.set_grad_enabled(grad):
+                box["result"] = call()
         except BaseException as err:  # handed to the caller's thread below
             box["error"] = err
 
-    worker = threading.Thread(target=target, daemon=True)
+    worker = threading.Thread(target=target, daemon=True, name="attncircuits-exercise-check")
     worker.start()
-    worker.join(limit)
+    try:
+        worker.join(limit)
+    except KeyboardInterrupt:
+        _stop_thread(worker)
+        raise
     if worker.is_alive():
+        _stop_thread(worker)
         raise _TimeLimit()
     if "error" in box:
         raise box["error"]
-    return box["result"], time.perf_counter() - start
+    return box.get("result"), time.perf_counter() - start
 
 
-def _call(fn: Callable, case: Case, limit: float, name: str) -> Any:
+def _stop_thread(worker: threading.Thread) -> None:
+    """Raise _TimeLimit inside ``worker`` at its next Python instruction."""
+    if worker.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_TimeLimit))
+
+
+def _call(fn: Callable, case: Case, limit: float, slow_hint: str) -> Any:
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
     try:
         with torch.no_grad():
@@ -227,8 +235,8 @@ def _call(fn: Callable, case: Case, limit: float, name: str) -> Any:
         raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
     except _TimeLimit:
         raise _Stop(
-            f"too slow: stopped after {limit:.1f} s on {case.label} (the reference takes well under a "
-            "second); look for a Python loop over tokens or positions and use tensor operations"
+            f"too slow: stopped waiting after {limit:.1f} s on {case.label} (the reference takes well "
+            f"under a second); {slow_hint}"
         )
     except KeyboardInterrupt:
         raise
@@ -309,6 +317,8 @@ def _close(got, expected, atol: float, rtol: float) -> bool:
         if not (expected.is_floating_point() or expected.is_complex()):
             return bool(torch.equal(got.to(expected.dtype), expected))
         g, e = got.detach().to(expected.dtype), expected.detach()
+        if bool(torch.isfinite(e).all()):  # the common case, without boolean indexing
+            return bool(torch.allclose(g, e, atol=atol, rtol=rtol))  # a NaN in g is never close
         same_nonfinite = torch.equal(torch.isfinite(g), torch.isfinite(e))
         fin = torch.isfinite(e)
         return same_nonfinite and bool(torch.allclose(g[fin], e[fin], atol=atol, rtol=rtol)) and bool(
@@ -332,9 +342,11 @@ def _generic_mismatch(got, expected, atol: float, rtol: float) -> str:
         if math.isclose(-g, expected, rel_tol=rtol, abs_tol=atol):
             return f"got {g:.6g}, expected {expected:.6g}: the wrong sign"
         return f"got {g:.6g}, expected {expected:.6g}"
-    if not isinstance(expected, Tensor) or not expected.is_floating_point():
+    if not isinstance(expected, Tensor) or expected.is_complex():
         return "the values differ"
-    g, e = got.detach().to(expected.dtype), expected.detach()
+    integer = not expected.is_floating_point()
+    dtype = torch.float64 if integer else expected.dtype
+    g, e = got.detach().to(dtype), expected.detach().to(dtype)
     fin = torch.isfinite(e) & torch.isfinite(g)
     if not torch.equal(torch.isfinite(g), torch.isfinite(e)):
         n = int((torch.isfinite(g) != torch.isfinite(e)).sum())
@@ -351,6 +363,11 @@ def _generic_mismatch(got, expected, atol: float, rtol: float) -> str:
             return f"off by a constant factor: your values are {c:.4g} times the answer"
     diff = (g - e).abs().masked_fill(~fin, 0)
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+    if integer:
+        return (
+            f"{int((diff > 0).sum())} of {diff.numel()} entries differ (e.g. at index {list(idx)}: got "
+            f"{int(g[idx])}, expected {int(e[idx])})"
+        )
     return (
         f"values differ by up to {float(diff.max()):.3g} (at index {list(idx)}: got {float(g[idx]):.5g}, "
         f"expected {float(e[idx]):.5g})"
@@ -370,6 +387,7 @@ def run_check(
     canonical: Callable[[Any], Any] | None = None,
     compare: Callable[[Any, Any, Case], str | None] | None = None,
     time_limit: float = DEFAULT_TIME_LIMIT,
+    slow_hint: str = "look for a Python loop over tokens or positions and use tensor operations",
 ) -> bool:
     """Run ``fn`` on every case against ``reference`` and print one message; True when all agree.
 
@@ -388,7 +406,7 @@ def run_check(
                     raise ValueError(f"case {case.label!r} has no expected value and the check has no reference")
                 with torch.no_grad():
                     expected = reference(*case.args, **case.kwargs)
-            got = _call(fn, case, time_limit, name)
+            got = _call(fn, case, time_limit, slow_hint)
             try:
                 problem = _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare)
             except _Stop as stop:  # a wrong type, shape, dtype, ...: said for this case like the rest
@@ -398,8 +416,8 @@ def run_check(
                 break  # the first wrong case says enough
             passed.append(case)
         if not failed:
-            labels = ", ".join(c.label for c in passed)
-            return report(name, True, f"correct on {len(passed)} case{'s' * (len(passed) != 1)} ({labels})")
+            kinds = ", ".join(f"{sum(c.kind == k for c in passed)} {k}" for k in dict.fromkeys(c.kind for c in passed))
+            return report(name, True, f"correct on {len(passed)} case{'s' * (len(passed) != 1)}: {kinds}")
         case, problem = failed[0]
         passed_kinds = {c.kind for c in passed}
         if passed and case.kind not in passed_kinds:
@@ -414,7 +432,16 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare)
     """None when ``got`` is right; else the message (structure problems raise _Stop directly)."""
     if compare is not None:
         return compare(got, expected, case)
-    _structure(got, expected)
+    try:
+        _structure(got, expected)
+    except _Stop:  # a wrong type or shape: a diagnosis that reads the output may still name it
+        for diagnosis in diagnoses:
+            try:
+                if diagnosis.applies is not None and diagnosis.applies(got, expected, case):
+                    return diagnosis.message
+            except Exception:
+                continue
+        raise
     g = canonical(got) if canonical else got
     e = canonical(expected) if canonical else expected
     if _close(g, e, atol, rtol):
@@ -422,6 +449,10 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare)
     for diagnosis in diagnoses:
         try:
             with torch.no_grad():
+                if diagnosis.applies is not None:
+                    if diagnosis.applies(got, expected, case):
+                        return diagnosis.message
+                    continue
                 wrong = diagnosis.wrong(expected, case)
         except Exception:  # a diagnosis that does not apply to this case
             continue
