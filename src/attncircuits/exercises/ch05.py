@@ -122,6 +122,7 @@ def check_k_composition_score(fn) -> bool:
             ),
         ],
         name="k_composition_score",
+        time_limit=30,
         atol=1e-5,
         rtol=1e-3,
     )
@@ -202,6 +203,7 @@ def check_virtual_ov(fn) -> bool:
             Diagnosis("rows must be source tokens: start from W_E", no_embed),
         ],
         name="virtual_ov",
+        time_limit=30,
         atol=1e-3,
         rtol=1e-3,
     )
@@ -241,6 +243,7 @@ def check_first_order_loss(fn) -> bool:
             Diagnosis("you left out the layer-0 heads' terms", other("direct_layer1")),
         ],
         name="first_order_loss",
+        time_limit=30,
         atol=1e-4,
         rtol=1e-4,
     )

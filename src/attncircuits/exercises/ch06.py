@@ -200,7 +200,7 @@ def check_find_induction_heads(fn) -> bool:
         Case("a hand-built induction model", (handbuilt.induction_model(),), kind="hand-built"),
         Case("a random 2-layer model", (_two_layer(),), kind="random"),
     ]
-    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads", time_limit=20)
+    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads", time_limit=30)
 
 
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
@@ -253,6 +253,7 @@ def check_ablated_loss(fn) -> bool:
                       per_position_mean),
         ],
         name="ablated_loss",
+        time_limit=30,
         atol=1e-3,
     )
 
@@ -282,6 +283,7 @@ def check_qk_score_terms(fn) -> bool:
                       lambda e, c: e * math.sqrt(c.args[0].cfg.d_head)),
         ],
         name="qk_score_terms",
+        time_limit=30,
         canonical=_causal,
         atol=1e-3,
         rtol=1e-3,
@@ -317,5 +319,6 @@ def check_copying_accuracy(fn) -> bool:
                       by_column),
         ],
         name="copying_accuracy",
+        time_limit=30,
         atol=1e-6,
     )

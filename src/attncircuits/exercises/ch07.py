@@ -173,6 +173,7 @@ def check_logit_attribution(fn) -> bool:
         logit_attribution,
         [Diagnosis("off by one: attribute the logit of the *next* token, tokens[:, 1:]", current_token)],
         name="logit_attribution",
+        time_limit=30,
         atol=1e-3,
         rtol=1e-4,
     )

@@ -190,4 +190,4 @@ def check_induction_qk(fn) -> bool:
     judged by the prefix-matching score (>= 0.95) and the loss on repeated random tokens of the
     induction model that uses them."""
     cases = [Case("the chapter's layout", (Layout(),), kind="hand-built", expected=PREFIX_TARGET)]
-    return run_check(fn, cases, compare=_compare_induction, name="induction_qk", time_limit=20)
+    return run_check(fn, cases, compare=_compare_induction, name="induction_qk", time_limit=30)
