@@ -70,6 +70,7 @@ screenshots:
 	  [ $$rc -eq 0 ] && [ -s $$out ] || { echo "chromium failed on $$f" >&2; exit 1; }; echo "$$out"; \
 	done
 
+# nbval collects notebooks/ recursively: the learner's notebooks/exercises/ run too (stubs: "not attempted yet").
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks notebooks book
 	$(PY) -m pytest tests

@@ -153,6 +153,10 @@ def check_model_logits(model_logits) -> bool:
     ]
     mistakes = [
         Diagnosis(
+            "the heads are missing: each layer adds the outputs of all its heads to the residual stream",
+            lambda e, c: c.args[0].W_E[c.args[1]] @ c.args[0].W_U if c.args[0].cfg.n_layers else None,
+        ),
+        Diagnosis(
             "the embedding is missing from the final residual stream: it is W_E[tokens] plus every "
             "head's output",
             lambda e, c: _logits_without_residual(*c.args) if c.args[0].cfg.n_layers else None,
