@@ -23,7 +23,7 @@ book's column) and returns True or False. It never raises for anything the learn
 - raises inside: the exception's type and first line, and the line of the learner's code it came
   from (never a traceback);
 - too slow: each call runs in a thread that is waited for at most ``time_limit`` seconds, then
-  stopped (see :func:`_run_with_time_limit`); the message gives the time waited;
+  stopped (see :func:`._run._run_with_time_limit`); the message gives the time waited;
 - wrong type, wrong shape (expected vs got, with "transposed" or "a missing batch axis" where
   that explains it), NaN/inf where the answer is finite, wrong device, wrong dtype;
 - a value mismatch: the diagnoses are tried in order, and the first whose wrong answer matches the
@@ -59,36 +59,22 @@ second and nbval stays fast.
 
 from __future__ import annotations
 
-import ast
-import copy
-import ctypes
-import dis
 import functools
-import inspect
-import linecache
-import math
-import sysconfig
 import textwrap
-import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from ..model import AttnOnlyConfig, AttnOnlyTransformer
+from ._compare import _close, _describe_type, _generic_mismatch, _structure
+from ._run import _call, _Stop
 
 __all__ = ["Case", "Diagnosis", "run_check", "shipped", "random_model", "random_tokens", "report", "WIDTH"]
 
 WIDTH = 79  # the book's code column: printed lines wrap here
 DEFAULT_TIME_LIMIT = 10.0  # seconds per call; a reference answer takes well under one
-_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
-_LIBRARY_DIRS = tuple(
-    {str(Path(p).resolve()) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])}
-) + (_PACKAGE_DIR,)
-
 
 @dataclass
 class Case:
@@ -121,258 +107,6 @@ def report(name: str, ok: bool | None, message: str) -> bool:
     text = f"{mark} {name}: {message}"
     print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     return bool(ok)
-
-
-class _Stop(Exception):
-    """Ends a check early with a message (internal)."""
-
-    def __init__(self, message: str, ok: bool | None = False):
-        super().__init__(message)
-        self.message, self.ok = message, ok
-
-
-class _TimeLimit(BaseException):
-    """Raised inside the learner's call when its time is up (a BaseException, so that a bare
-    ``except Exception`` in the learner's code cannot swallow it)."""
-
-
-# ---- running the learner's function --------------------------------------------------------------
-def _is_stub(fn: Callable) -> bool:
-    """True when ``fn``'s body is only a docstring, ``pass``, ``...`` or ``raise NotImplementedError``."""
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError, IndentationError):  # no source: read the bytecode
-        code = getattr(fn, "__code__", None)
-        trivial_ops = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "POP_TOP"}
-        return code is not None and all(i.opname in trivial_ops for i in dis.get_instructions(code))
-    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if not funcs:
-        return False
-    body = funcs[0].body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-        body = body[1:]
-
-    def trivial(stmt) -> bool:
-        if isinstance(stmt, ast.Pass):
-            return True
-        return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is Ellipsis
-
-    return all(trivial(s) for s in body)
-
-
-def _where(tb, fn: Callable) -> str:
-    """' at line N of <where> (`code`)' for the deepest frame of the learner's own code."""
-    frames = []
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
-        tb = tb.tb_next
-    own = [(c, n) for c, n in frames if not str(Path(c.co_filename).resolve()).startswith(_LIBRARY_DIRS)]
-    if not own:
-        return ""
-    code, lineno = own[-1]
-    line = linecache.getline(code.co_filename, lineno).strip()
-    if code is getattr(fn, "__code__", None):
-        lineno = lineno - code.co_firstlineno + 1  # counted from the `def` line
-        where = f"line {lineno} of {code.co_name}"
-    else:
-        where = f"line {lineno} of {code.co_name}" if code.co_name != "<module>" else f"line {lineno}"
-    return f" at {where} (`{line}`)" if line else f" at {where}"
-
-
-def _first_line(err: BaseException, limit: int = 160) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
-    """(result, seconds). Raises _TimeLimit when ``call`` takes longer than ``limit`` seconds.
-
-    The call runs in a daemon thread that the caller waits for at most ``limit`` seconds. A signal
-    could not do this: it only interrupts Python code, so a minutes-long ``torch.linalg.eigvals``
-    would hold the notebook until it ended. When time is up the worker is sent an exception, which
-    stops a Python loop at once; a long C operation (a huge matrix product) runs to its end in the
-    background, ignored, and the notebook goes on.
-    """
-    start = time.perf_counter()
-    box: dict = {}
-    grad = torch.is_grad_enabled()  # grad mode is per thread
-
-    def target():
-        try:
-            with torch.set_grad_enabled(grad):
-                box["result"] = call()
-        except BaseException as err:  # handed to the caller's thread below
-            box["error"] = err
-
-    worker = threading.Thread(target=target, daemon=True, name="attncircuits-exercise-check")
-    worker.start()
-    try:
-        worker.join(limit)
-    except KeyboardInterrupt:
-        _stop_thread(worker)
-        raise
-    if worker.is_alive():
-        _stop_thread(worker)
-        raise _TimeLimit()
-    if "error" in box:
-        raise box["error"]
-    return box.get("result"), time.perf_counter() - start
-
-
-def _stop_thread(worker: threading.Thread) -> None:
-    """Raise _TimeLimit inside ``worker`` at its next Python instruction."""
-    if worker.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_TimeLimit))
-
-
-def _call(fn: Callable, case: Case, limit: float, slow_hint: str) -> Any:
-    args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
-    try:
-        with torch.no_grad():
-            out, _ = _run_with_time_limit(lambda: fn(*args, **kwargs), limit)
-    except NotImplementedError:
-        raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
-    except _TimeLimit:
-        raise _Stop(
-            f"too slow: stopped waiting after {limit:.1f} s on {case.label} (the reference takes well "
-            f"under a second); {slow_hint}"
-        )
-    except KeyboardInterrupt:
-        raise
-    except BaseException as err:  # anything the learner's code raises becomes one line
-        raise _Stop(f"raised {type(err).__name__}{_where(err.__traceback__, fn)} on {case.label}: {_first_line(err)}")
-    if out is Ellipsis or (out is None and _is_stub(fn)):
-        raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
-    return out
-
-
-# ---- comparing -----------------------------------------------------------------------------------
-def _describe_type(x) -> str:
-    if isinstance(x, Tensor):
-        return f"a tensor of shape {list(x.shape)}"
-    if isinstance(x, (tuple, list)):
-        return f"a {type(x).__name__} of {len(x)}"
-    return f"a {type(x).__name__}"
-
-
-def _structure(got, expected, what: str = "the output") -> None:
-    """Type, length, shape, device, dtype and finiteness; raises _Stop naming the first problem."""
-    if got is None and expected is not None:
-        raise _Stop(f"{what} is None: did you forget to `return` the result?")
-    if isinstance(expected, (tuple, list)):
-        if not isinstance(got, (tuple, list)):
-            raise _Stop(f"{what} should be a {type(expected).__name__} of {len(expected)}, got {_describe_type(got)}")
-        if len(got) != len(expected):
-            raise _Stop(f"{what} should have {len(expected)} items, got {len(got)}")
-        for i, (g, e) in enumerate(zip(got, expected)):
-            _structure(g, e, f"item {i} of {what}")
-        return
-    if isinstance(expected, bool) or not isinstance(expected, (Tensor, int, float)):
-        if type(got) is not type(expected) and not isinstance(got, type(expected)):
-            raise _Stop(f"{what} should be {_describe_type(expected)}, got {_describe_type(got)}")
-        return
-    if isinstance(expected, (int, float)):
-        if isinstance(got, Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise _Stop(f"{what} should be a number, got {_describe_type(got)}")
-        if not math.isfinite(got) and math.isfinite(expected):
-            raise _Stop(f"{what} is {got}; the answer is finite (a log of 0, or a division by 0?)")
-        return
-    if not isinstance(got, Tensor):
-        raise _Stop(f"{what} should be a torch.Tensor of shape {list(expected.shape)}, got {_describe_type(got)}")
-    gs, es = tuple(got.shape), tuple(expected.shape)
-    if gs != es:
-        hint = ""
-        if sorted(gs) == sorted(es) and len(gs) >= 2 and gs[:-2] + gs[-2:][::-1] == es:
-            hint = ": transposed (swap the last two axes, or the order of a product)"
-        elif sorted(gs) == sorted(es):
-            hint = ": the axes are in the wrong order"
-        elif tuple(d for d in gs if d != 1) == tuple(d for d in es if d != 1):
-            hint = ": an axis of size 1 is missing or extra (keep the batch axis?)"
-        raise _Stop(f"{what} has shape {list(gs)}, expected {list(es)}{hint}")
-    if got.device != expected.device:
-        raise _Stop(f"{what} is on device {got.device}, expected {expected.device} (where the inputs are)")
-    if got.dtype != expected.dtype:
-        raise _Stop(f"{what} has dtype {got.dtype}, expected {expected.dtype}")
-    if got.is_floating_point() or got.is_complex():
-        bad = ~torch.isfinite(got) & torch.isfinite(expected)
-        if bool(bad.any()):
-            kind = "NaN" if bool(torch.isnan(got[bad]).any()) else "inf"
-            raise _Stop(
-                f"{what} has {kind} in {int(bad.sum())} of {got.numel()} entries where the answer is finite "
-                "(a log of 0, a division by 0, or a softmax over only -inf?)"
-            )
-
-
-def _close(got, expected, atol: float, rtol: float) -> bool:
-    if isinstance(expected, (tuple, list)):
-        return isinstance(got, (tuple, list)) and len(got) == len(expected) and all(
-            _close(g, e, atol, rtol) for g, e in zip(got, expected)
-        )
-    if isinstance(expected, Tensor):
-        if not isinstance(got, Tensor) or got.shape != expected.shape:
-            return False
-        if not (expected.is_floating_point() or expected.is_complex()):
-            return bool(torch.equal(got.to(expected.dtype), expected))
-        g, e = got.detach().to(expected.dtype), expected.detach()
-        if bool(torch.isfinite(e).all()):  # the common case, without boolean indexing
-            return bool(torch.allclose(g, e, atol=atol, rtol=rtol))  # a NaN in g is never close
-        same_nonfinite = torch.equal(torch.isfinite(g), torch.isfinite(e))
-        fin = torch.isfinite(e)
-        return same_nonfinite and bool(torch.allclose(g[fin], e[fin], atol=atol, rtol=rtol)) and bool(
-            torch.equal(g[~fin], e[~fin]) if (~fin).any() else True
-        )
-    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
-        g = got.item() if isinstance(got, Tensor) and got.numel() == 1 else got
-        return isinstance(g, (int, float)) and math.isclose(g, expected, rel_tol=rtol, abs_tol=atol)
-    return got == expected
-
-
-def _generic_mismatch(got, expected, atol: float, rtol: float) -> str:
-    """Name the wrong sign, a transpose or a constant factor; else the largest difference."""
-    if isinstance(expected, (tuple, list)):
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if not _close(g, e, atol, rtol):
-                return f"item {i}: " + _generic_mismatch(g, e, atol, rtol)
-        return "the items differ"
-    if isinstance(expected, (int, float)):
-        g = got.item() if isinstance(got, Tensor) else got
-        if math.isclose(-g, expected, rel_tol=rtol, abs_tol=atol):
-            return f"got {g:.6g}, expected {expected:.6g}: the wrong sign"
-        return f"got {g:.6g}, expected {expected:.6g}"
-    if not isinstance(expected, Tensor) or expected.is_complex():
-        return "the values differ"
-    integer = not expected.is_floating_point()
-    dtype = torch.float64 if integer else expected.dtype
-    g, e = got.detach().to(dtype), expected.detach().to(dtype)
-    fin = torch.isfinite(e) & torch.isfinite(g)
-    if not torch.equal(torch.isfinite(g), torch.isfinite(e)):
-        n = int((torch.isfinite(g) != torch.isfinite(e)).sum())
-        return f"-inf/inf in {n} entries differ from the answer's (where is the mask applied?)"
-    if _close(-g, e, atol, rtol):
-        return "the wrong sign (the values match the answer negated)"
-    if e.ndim >= 2 and e.shape[-1] == e.shape[-2] and _close(g.transpose(-1, -2), e, atol, rtol):
-        return "transposed: the values match the answer with the last two axes swapped"
-    ef, gf = e[fin].double(), g[fin].double()
-    denom = float((ef * ef).sum())
-    if denom > 0:
-        c = float((gf * ef).sum()) / denom
-        if abs(c - 1) > 1e-3 and _close(g, e * c, atol, rtol * 10):
-            return f"off by a constant factor: your values are {c:.4g} times the answer"
-    diff = (g - e).abs().masked_fill(~fin, 0)
-    idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
-    if integer:
-        return (
-            f"{int((diff > 0).sum())} of {diff.numel()} entries differ (e.g. at index {list(idx)}: got "
-            f"{int(g[idx])}, expected {int(e[idx])})"
-        )
-    return (
-        f"values differ by up to {float(diff.max()):.3g} (at index {list(idx)}: got {float(g[idx]):.5g}, "
-        f"expected {float(e[idx]):.5g})"
-    )
-
 
 # ---- the check -----------------------------------------------------------------------------------
 def run_check(
