@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TL_REQUIREMENT", "from_transformer_lens", "to_transformer_lens", "transformer_lens_version"]
 
 TL_REQUIREMENT = "transformer-lens>=3.9,<4"
-_INSTALL = f"run `pip install -e .[tl]` in the course repository, or `pip install \"{TL_REQUIREMENT}\"`"
+_INSTALL = f'run `pip install -e .[tl]` in the course repository, or `pip install "{TL_REQUIREMENT}"`'
 
 
 def transformer_lens_version() -> str:
@@ -74,7 +74,9 @@ def _wrap_tokenizer(tokenizer):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
 
 
-def to_transformer_lens(model: AttnOnlyTransformer, tokenizer=None, model_name: str = "attncircuits") -> "HookedTransformer":
+def to_transformer_lens(
+    model: AttnOnlyTransformer, tokenizer=None, model_name: str = "attncircuits"
+) -> "HookedTransformer":
     """An equivalent TransformerLens ``HookedTransformer``: same weights (copied), same logits.
 
     ``tokenizer`` (optional, e.g. ``load_pretrained(...).tokenizer``) lets the TransformerLens model
@@ -143,15 +145,22 @@ def _refusals(cfg) -> list[str]:
             "rotary": "rotary positions",
             "alibi": "ALiBi positions",
         }.get(pos, "another positional scheme")
-        out.append(f"{what} (positional_embedding_type={pos!r}; ours adds them to queries and keys only, 'shortformer')")
+        out.append(
+            f"{what} (positional_embedding_type={pos!r}; ours adds them to queries and keys only, 'shortformer')"
+        )
     if get("attention_dir", "causal") != "causal":
         out.append(f"bidirectional attention (attention_dir={get('attention_dir')!r})")
     if get("use_local_attn", False):
         out.append("local attention (use_local_attn=True)")
     scale = float(get("attn_scale", -1.0)) if get("use_attn_scale", True) else 1.0
     if not math.isclose(scale, math.sqrt(cfg.d_head), rel_tol=1e-12) or get("scale_attn_by_inverse_layer_idx", False):
-        out.append(f"an attention scale other than sqrt(d_head) (attn_scale={scale}, use_attn_scale={get('use_attn_scale')})")
-    for flag, part in [("attn_scores_soft_cap", "soft-capped attention scores"), ("output_logits_soft_cap", "soft-capped logits")]:
+        out.append(
+            f"an attention scale other than sqrt(d_head) (attn_scale={scale}, use_attn_scale={get('use_attn_scale')})"
+        )
+    for flag, part in [
+        ("attn_scores_soft_cap", "soft-capped attention scores"),
+        ("output_logits_soft_cap", "soft-capped logits"),
+    ]:
         if get(flag, -1.0) is not None and get(flag, -1.0) > 0:
             out.append(f"{part} ({flag}={get(flag)})")
     for flag, part in [
