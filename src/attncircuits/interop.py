@@ -24,13 +24,24 @@ import warnings
 from typing import TYPE_CHECKING
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
-__all__ = ["TL_REQUIREMENT", "from_transformer_lens", "to_transformer_lens", "transformer_lens_version"]
+__all__ = [
+    "TL_REQUIREMENT",
+    "UnsupportedModelError",
+    "from_transformer_lens",
+    "induction_stripe_scores",
+    "ov_copying_scores",
+    "to_transformer_lens",
+    "transformer_lens_version",
+    "zero_head_hook",
+]
 
 TL_REQUIREMENT = "transformer-lens>=3.9,<4"
 _INSTALL = f'run `pip install -e .[tl]` in the course repository, or `pip install "{TL_REQUIREMENT}"`'
@@ -210,3 +221,27 @@ def from_transformer_lens(tl_model: "HookedTransformer") -> AttnOnlyTransformer:
         state.update({f"blocks.{l}.{n}": getattr(attn, n) for n in ("W_Q", "W_K", "W_V", "W_O")})
     model.load_state_dict({k: v.detach().to(device=device, dtype=torch.float32) for k, v in state.items()}, strict=True)
     return model.to(device).eval()
+
+
+# ---- chapter 9's references: a hook, a pattern score, the OV eigenvalues through FactoredMatrix --
+def induction_stripe_scores(pattern: Float[Tensor, "batch head q k"], seq_len: int) -> Float[Tensor, " head"]:
+    """Mean attention of the second copy's queries to the token after their earlier occurrence, on
+    ``[EOT] r1..rL r1..rL``: query ``q = L + i`` (token ``r_i``) looks at key ``i + 1``, which sits on
+    the diagonal ``seq_len - 1`` below the main one. 1 for a perfect induction head."""
+    stripe = pattern.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)  # entry j: query j + L - 1, key j
+    return stripe[..., 2 : 2 + seq_len].mean(dim=(0, 2))  # queries L + 1 .. 2L: the second copy
+
+
+def zero_head_hook(z: Float[Tensor, "batch pos head d_head"], hook, head: int) -> Tensor:
+    """A TransformerLens hook on ``blocks.{l}.attn.hook_z`` that zero-ablates one head: a zero ``z``
+    (the head's value mix before ``W_O``) is a zero head output, ``z W_O = 0``."""
+    z[:, :, head] = 0.0
+    return z
+
+
+def ov_copying_scores(tl_model: "HookedTransformer") -> Float[Tensor, "layer head"]:
+    """``Σλ / Σ|λ|`` of every head's full OV circuit ``W_E W_V W_O W_U`` from TransformerLens's
+    ``FactoredMatrix`` (eigenvalues through the small ``d_head x d_head`` product): +1 when all are
+    positive, a head that copies the token it attends to."""
+    eig = (tl_model.W_E @ tl_model.OV @ tl_model.W_U).eigenvalues  # [layer, head, d_head]
+    return eig.sum(-1).real / eig.abs().sum(-1)
