@@ -89,4 +89,6 @@ def test_training_reproduces_the_shipped_history(monkeypatch):
             T.train(AttnOnlyConfig(**model_kw), T.TrainConfig(**train_kw), train_tokens, val_tokens, progress=False)
     finally:
         torch.set_num_threads(threads)
-    assert seen == load_pretrained("attn-only-2l").history["val_loss"][:2]
+    # Stored floats, so a tolerance: the forward pass's float32 rounding may change with its formulation
+    # (fused kernels, another matmul order) by ~1e-8; any change to the recipe moves these far more.
+    assert seen == pytest.approx(load_pretrained("attn-only-2l").history["val_loss"][:2], rel=1e-6)
