@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -61,6 +62,32 @@ PRESETS: dict[str, tuple[dict, dict]] = {
     "attn-only-1l": ({"n_layers": 1}, {}),
     # Snapshots before, during and after the induction heads form (steps ~1,750-3,500).
     "attn-only-2l": ({"n_layers": 2}, {"snapshot_steps": [0, 1000, 1500, 2000, 2500, 3000, 4000, 6000]}),
+    # Induction heads formed live in chapter 7 (attncircuits.live, which builds its token streams),
+    # in a few minutes at most on a 2-core CPU. Each choice against the shipped 2-layer recipe:
+    "attn-only-2l-live": (
+        {"n_layers": 2,
+         # the 255 most frequent BPE tokens and one id for all others (live.vocab_map): the
+         # unembedding is most of a step at 2048 ids; 256 makes a step ~2x cheaper here
+         "d_vocab": 256,
+         # room for repeats at distances 8..31 and for the scores (4 copies of 15 tokens)
+         "n_ctx": 64},
+        {"steps": 1500,  # a budget 3x the ~450 steps the heads take, so the run ends by its targets
+         # constant after warm-up: the shipped cosine squeezed into 2,500 steps formed nothing,
+         # because the rate had decayed by the time the heads would form; 1e-2 formed nothing
+         # in 2,400 steps, 5e-3 formed them by step 600
+         "lr": 5e-3, "warmup_steps": 100, "min_lr_frac": 1.0,
+         # three quarters of each batch random tokens repeated: copying is the only way to
+         # predict them, so the heads pay off from the first step (a quarter: 900 steps, a half:
+         # 600, three quarters: 450); the rest real text, half of it repeated
+         "repeat_frac": 0.125, "random_repeat_frac": 0.75,
+         # scores every 25 steps (~2 steps' cost each) for the figure and the stopping rule;
+         # 2 validation batches are enough for the loss, the targets are on random tokens
+         "eval_every": 25, "eval_batches": 2},
+    ),
+    # Recipes tried (2-layer, 16 rows a step, lr 5e-3 constant after 100 steps, V = d_vocab,
+    # T = n_ctx, R = random_repeat_frac, P = repeat_frac; steps to prefix matching >= 0.5 / to
+    # second copy <= 1/2 of the first; 1 thread on a loaded 2-core machine):
+    # RECIPE-TABLE
     # a seconds-long run for the first chapter and the tests
     "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
 }
@@ -136,8 +163,12 @@ def train(
     val_tokens: np.ndarray,
     device: str | None = None,
     progress: bool = True,
+    callback: Callable[[int, AttnOnlyTransformer, dict], bool | None] | None = None,
 ) -> tuple[AttnOnlyTransformer, dict, dict[int, dict]]:
-    """Train a model; returns it, its history and the snapshots asked for in ``cfg``."""
+    """Train a model; returns it, its history and the snapshots asked for in ``cfg``.
+
+    ``callback(step, model, row)`` runs after each evaluation (``row``: that step's history entries);
+    when it returns True, training stops there (see ``live.py``)."""
     dev = pick_device(device)
     torch.manual_seed(cfg.seed)
     model = AttnOnlyTransformer(model_cfg).to(dev)
@@ -164,6 +195,8 @@ def train(
                 history.setdefault(key, []).append(val)
             if progress:
                 bar.write(_summary(step, ev))
+            if callback is not None and callback(step, model, {k: v[-1] for k, v in history.items()}):
+                break
         if step == cfg.steps:
             break
         for group in opt.param_groups:
@@ -178,7 +211,7 @@ def train(
         if step % 10 == 0:
             tps = (step + 1) * cfg.batch_size * n_ctx / (time.time() - t0)
             bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
-    history["tokens_per_s"] = cfg.steps * cfg.batch_size * n_ctx / (time.time() - t0)
+    history["tokens_per_s"] = step * cfg.batch_size * n_ctx / (time.time() - t0)
     model.eval()
     return model, history, snapshots
 
@@ -222,6 +255,8 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_kw, train_kw = PRESETS[args.preset]
+    if args.preset == "attn-only-2l-live":  # its 256-id token streams are built by attncircuits.live
+        p.error("attn-only-2l-live reads its own 256-token vocabulary: train it with attncircuits.live.live_train()")
     cfg = TrainConfig(**{**train_kw, **{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}})
     out = args.out or PRETRAINED_DIR / args.preset
     if (out / "model.safetensors").exists() and not args.overwrite:
