@@ -81,10 +81,13 @@ def test_live_figure_updates_one_display_in_place():
     assert fig.ax_bar.get_title().endswith(": done") and len(fig.ax_score.lines) == 4
 
 
-def test_threads_restored(small_streams):
+def test_threads_and_gradients_restored(small_streams):
     before = torch.get_num_threads()
-    live.live_train(plot=False, max_minutes=None, streams=small_streams, threads=1, **{**SMALL, "steps": 4})
+    with torch.no_grad():  # as in a chapter that analyses without gradients: the run still trains
+        run = live.live_train(max_minutes=1.0, plot=False, streams=small_streams, threads=1, **{**SMALL, "steps": 4})
+        assert not torch.is_grad_enabled()
     assert torch.get_num_threads() == before
+    assert run.log["step"] == [0, 4] and run.prep_s > 0
 
 
 @pytest.mark.parametrize(
