@@ -200,8 +200,8 @@ class LiveFigure:
             if log.get(key) is not None:
                 for ax in (self.ax_score, self.ax_loss):
                     ax.axvline(log[key], color="tab:red", linestyle="--", linewidth=1)
-                self.ax_score.annotate(f"{label} (step {log[key]:,})", (log[key], 0.02), color="tab:red", fontsize=8,
-                                       xytext=(3, 0), textcoords="offset points")
+                self.ax_score.annotate(f"{label} (step {log[key]:,})", (log[key], 0.9), color="tab:red", fontsize=8,
+                                       xytext=(-4, 0), textcoords="offset points", ha="right")
         for ax in (self.ax_score, self.ax_loss):
             ax.legend(fontsize=7, loc="upper left")
 
