@@ -95,7 +95,7 @@ PRESETS: dict[str, tuple[dict, dict]] = {
     #   V 256 T 64 P .25  R .5,  lr 1e-2                       never (pm 0.06 at 2,400)
     #   V 256 T 64 P .25  R .5,  d_model 64 = 4 x 16           1,150 / 1,300
     #   V 256 T 64 P .125 R .75, 8 rows a step                   700 /   900 (same tokens)
-    #   V 2048 T 64 P .125 R .75                               C2048-RESULT
+    #   V 2048 T 64 P .125 R .75                                never (pm 0.07 at 1,200)
     #   one layer, P .25 R .5 / P .125 R .75, 1,500 steps      never (pm 0.06 / 0.07)
     # With eval_every 25 the preset stops at step 425 (0.44 M tokens): 153 s on a loaded 2-core
     # machine at 2,837 tokens/s; 1 thread runs ~7,000 tokens/s there when the machine is quieter.
