@@ -126,3 +126,11 @@ def test_other_bad_input(small_streams):
         live.check_live_config(*cfgs, memory_limit=need // 2)
     with pytest.raises(ValueError, match="use a smaller model"):
         live.check_live_config(*cfgs, memory_limit=1000)
+
+
+def test_cli_refuses_the_live_preset(capsys):
+    from attncircuits.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--preset", live.LIVE_PRESET])
+    assert "live_train()" in capsys.readouterr().err
