@@ -97,8 +97,8 @@ PRESETS: dict[str, tuple[dict, dict]] = {
     #   V 256 T 64 P .125 R .75, 8 rows a step                   700 /   900 (same tokens)
     #   V 2048 T 64 P .125 R .75                                never (pm 0.07 at 1,200)
     #   one layer, P .25 R .5 / P .125 R .75, 1,500 steps      never (pm 0.06 / 0.07)
-    # With eval_every 25 the preset stops at step 425 (0.44 M tokens): 153 s on a loaded 2-core
-    # machine at 2,837 tokens/s; 1 thread runs ~7,000 tokens/s there when the machine is quieter.
+    # With eval_every 25 the preset stops at step 425 (0.44 M tokens): on a fresh clone, on a
+    # 2-core machine busy with other jobs, 68 s of training at 6,413 tokens/s + 9 s of data.
     # a seconds-long run for the first chapter and the tests
     "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
 }
