@@ -96,6 +96,7 @@ screenshots: venv
 
 # Every stage runs even when an earlier one failed; the last line names each failed stage and the
 # exit status is non-zero if any failed. A new stage is one more `stage NAME command...; \` line.
+# nbval collects notebooks/ recursively: the learner's notebooks/exercises/ run too (stubs: "not attempted yet").
 test: venv
 	@failed=; stage() { name=$$1; shift; echo "==> make test: $$name"; "$$@" || failed="$$failed $$name"; }; \
 	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \

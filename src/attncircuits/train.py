@@ -97,6 +97,43 @@ PRESETS: dict[str, tuple[dict, dict]] = {
     "attn-only-1l": ({"n_layers": 1}, {}),
     # Snapshots before, during and after the induction heads form (steps ~1,750-3,500).
     "attn-only-2l": ({"n_layers": 2}, {"snapshot_steps": [0, 1000, 1500, 2000, 2500, 3000, 4000, 6000]}),
+    # Induction heads formed live in chapter 7 (attncircuits.live, which builds its token streams),
+    # in a few minutes at most on a 2-core CPU. Each choice against the shipped 2-layer recipe:
+    "attn-only-2l-live": (
+        {"n_layers": 2,
+         # the 255 most frequent BPE tokens and one id for all others (live.vocab_map): the
+         # unembedding is most of a step at 2048 ids; 256 makes a step ~2x cheaper here
+         "d_vocab": 256,
+         # room for repeats at distances 8..31 and for the scores (4 copies of 15 tokens)
+         "n_ctx": 64},
+        {"steps": 1500,  # a budget 3x the ~450 steps the heads take, so the run ends by its targets
+         # constant after warm-up: the shipped cosine squeezed into 2,500 steps formed nothing,
+         # because the rate had decayed by the time the heads would form; 1e-2 formed nothing
+         # in 2,400 steps, 5e-3 formed them by step 600
+         "lr": 5e-3, "warmup_steps": 100, "min_lr_frac": 1.0,
+         # three quarters of each batch random tokens repeated: copying is the only way to
+         # predict them, so the heads pay off from the first step (a quarter: 900 steps, a half:
+         # 600, three quarters: 450); the rest real text, half of it repeated
+         "repeat_frac": 0.125, "random_repeat_frac": 0.75,
+         # scores every 25 steps (~2 steps' cost each) for the figure and the stopping rule;
+         # 2 validation batches are enough for the loss, the targets are on random tokens
+         "eval_every": 25, "eval_batches": 2},
+    ),
+    # Recipes tried (2 layers, d_model 128 = 4 x 32, 16 rows a step, lr 5e-3 constant after 100
+    # warm-up steps, 1 thread, seed 0; V d_vocab, T n_ctx, P repeat_frac, R random_repeat_frac;
+    # steps to prefix matching >= 0.5 / to 2nd copy <= 1/2 of the 1st):
+    #   shipped attn-only-2l, V 2048 T 128 P .5 R .125, cosine over 8,000:  2,750 / 3,250
+    #   the same with --steps 2500 (cosine compressed):        never (pm 0.08 at 2,500)
+    #   V 256 T 64 P .5   R .25                                  750 /   900
+    #   V 256 T 64 P .25  R .5                                   550 /   600
+    #   V 256 T 64 P .125 R .75  (this preset)                   400 /   450
+    #   V 256 T 64 P .25  R .5,  lr 1e-2                       never (pm 0.06 at 2,400)
+    #   V 256 T 64 P .25  R .5,  d_model 64 = 4 x 16           1,150 / 1,300
+    #   V 256 T 64 P .125 R .75, 8 rows a step                   700 /   900 (same tokens)
+    #   V 2048 T 64 P .125 R .75                                never (pm 0.07 at 1,200)
+    #   one layer, P .25 R .5 / P .125 R .75, 1,500 steps      never (pm 0.06 / 0.07)
+    # With eval_every 25 the preset stops at step 425 (0.44 M tokens): on a fresh clone, on a
+    # 2-core machine busy with other jobs, 68 s of training at 6,413 tokens/s + 9 s of data.
     # a seconds-long run for the first chapter and the tests
     "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
 }
@@ -203,6 +240,7 @@ def train(
     progress: bool = True,
     resume: dict | None = None,
     save_state: Callable[[dict], None] | None = None,
+    callback: Callable[[int, AttnOnlyTransformer, dict], bool | None] | None = None,
 ) -> tuple[AttnOnlyTransformer, dict, dict[int, dict]]:
     """Train a model; returns it, its history and the snapshots asked for in ``cfg``.
 
@@ -210,6 +248,9 @@ def train(
     history, snapshots) at every evaluation step and when Ctrl-C stops the run, which then raises
     :class:`TrainingInterrupted`; passing such a state as ``resume`` continues the run exactly
     where it stopped: on the same machine the result is bit-identical to an uninterrupted run.
+
+    ``callback(step, model, row)`` runs after each evaluation (``row``: that step's history entries);
+    when it returns True, training stops there (see ``live.py``).
     """
     cfg.check()
     dev = pick_device(device)
@@ -263,6 +304,8 @@ def train(
                     history.setdefault(key, []).append(val)
                 if progress:
                     bar.write(_summary(step, ev))
+                if callback is not None and callback(step, model, {k: v[-1] for k, v in history.items()}):
+                    break
             if step == cfg.steps:
                 continue  # the last step only evaluates; the bar then ends at its total
             for group in opt.param_groups:
@@ -277,7 +320,7 @@ def train(
             if step % 10 == 0:
                 tps = (step + 1 - start) * cfg.batch_size * n_ctx / (time.time() - t0 - wall0)
                 bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
-    history["tokens_per_s"] = cfg.steps * cfg.batch_size * n_ctx / (time.time() - t0)
+    history["tokens_per_s"] = step * cfg.batch_size * n_ctx / (time.time() - t0)
     model.eval()
     return model, history, snapshots
 

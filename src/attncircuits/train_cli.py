@@ -86,6 +86,9 @@ def check_device(name: str | None) -> str | None:
 def check_args(args) -> tuple[dict, TrainConfig, Path]:
     """All problems with the command line, one line each, before anything is written."""
     problems = []
+    if args.preset == "attn-only-2l-live":  # its 256-id token streams are built by attncircuits.live
+        problems.append("--preset attn-only-2l-live reads its own 256-token vocabulary: "
+                        "train it with attncircuits.live.live_train()")
     model_kw, train_kw = PRESETS[args.preset]
     given = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}
     cfg = TrainConfig(**{**train_kw, **given})

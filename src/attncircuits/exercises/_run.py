@@ -1,0 +1,155 @@
+"""Running a learner's function for a check: copied inputs, a time limit, one line per failure.
+
+Part of the check machinery (see :mod:`._core`): everything here turns what the learner's code
+does (raise, run too long, return a stub's ``...``) into a :class:`_Stop` carrying the message.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import ctypes
+import dis
+import inspect
+import linecache
+import sysconfig
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from ._core import Case
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+_LIBRARY_DIRS = tuple(
+    {str(Path(p).resolve()) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])}
+) + (_PACKAGE_DIR,)
+
+
+
+class _Stop(Exception):
+    """Ends a check early with a message (internal)."""
+
+    def __init__(self, message: str, ok: bool | None = False):
+        super().__init__(message)
+        self.message, self.ok = message, ok
+
+
+class _TimeLimit(BaseException):
+    """Raised inside the learner's call when its time is up (a BaseException, so that a bare
+    ``except Exception`` in the learner's code cannot swallow it)."""
+
+
+# ---- running the learner's function --------------------------------------------------------------
+def _is_stub(fn: Callable) -> bool:
+    """True when ``fn``'s body is only a docstring, ``pass``, ``...`` or ``raise NotImplementedError``."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):  # no source: read the bytecode
+        code = getattr(fn, "__code__", None)
+        trivial_ops = {"RESUME", "NOP", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST", "POP_TOP"}
+        return code is not None and all(i.opname in trivial_ops for i in dis.get_instructions(code))
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not funcs:
+        return False
+    body = funcs[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+
+    def trivial(stmt) -> bool:
+        if isinstance(stmt, ast.Pass):
+            return True
+        return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is Ellipsis
+
+    return all(trivial(s) for s in body)
+
+
+def _where(tb, fn: Callable) -> str:
+    """' at line N of <where> (`code`)' for the deepest frame of the learner's own code."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    own = [(c, n) for c, n in frames if not str(Path(c.co_filename).resolve()).startswith(_LIBRARY_DIRS)]
+    if not own:
+        return ""
+    code, lineno = own[-1]
+    line = linecache.getline(code.co_filename, lineno).strip()
+    if code is getattr(fn, "__code__", None):
+        lineno = lineno - code.co_firstlineno + 1  # counted from the `def` line
+        where = f"line {lineno} of {code.co_name}"
+    else:
+        where = f"line {lineno} of {code.co_name}" if code.co_name != "<module>" else f"line {lineno}"
+    return f" at {where} (`{line}`)" if line else f" at {where}"
+
+
+def _first_line(err: BaseException, limit: int = 160) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
+    """(result, seconds). Raises _TimeLimit when ``call`` takes longer than ``limit`` seconds.
+
+    The call runs in a daemon thread that the caller waits for at most ``limit`` seconds. A signal
+    could not do this: it only interrupts Python code, so a minutes-long ``torch.linalg.eigvals``
+    would hold the notebook until it ended. When time is up the worker is sent an exception, which
+    stops a Python loop at once; a long C operation (a huge matrix product) runs to its end in the
+    background, ignored, and the notebook goes on.
+    """
+    start = time.perf_counter()
+    box: dict = {}
+    grad = torch.is_grad_enabled()  # grad mode is per thread
+
+    def target():
+        try:
+            with torch.set_grad_enabled(grad):
+                box["result"] = call()
+        except BaseException as err:  # handed to the caller's thread below
+            box["error"] = err
+
+    worker = threading.Thread(target=target, daemon=True, name="attncircuits-exercise-check")
+    worker.start()
+    try:
+        worker.join(limit)
+    except KeyboardInterrupt:
+        _stop_thread(worker)
+        raise
+    if worker.is_alive():
+        _stop_thread(worker)
+        raise _TimeLimit()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result"), time.perf_counter() - start
+
+
+def _stop_thread(worker: threading.Thread) -> None:
+    """Raise _TimeLimit inside ``worker`` at its next Python instruction."""
+    if worker.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_TimeLimit))
+
+
+def _call(fn: Callable, case: Case, limit: float, slow_hint: str) -> Any:
+    args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
+    try:
+        with torch.no_grad():
+            out, _ = _run_with_time_limit(lambda: fn(*args, **kwargs), limit)
+    except NotImplementedError:
+        raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+    except _TimeLimit:
+        raise _Stop(
+            f"too slow: stopped waiting after {limit:.1f} s on {case.label} (the reference takes well "
+            f"under a second); {slow_hint}"
+        )
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # anything the learner's code raises becomes one line
+        raise _Stop(f"raised {type(err).__name__}{_where(err.__traceback__, fn)} on {case.label}: {_first_line(err)}")
+    if out is Ellipsis or (out is None and _is_stub(fn)):
+        raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+    return out

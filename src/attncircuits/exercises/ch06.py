@@ -1,0 +1,324 @@
+"""Checks for chapter 6, induction heads: the previous-token and prefix-matching scores from a
+cache, finding induction heads in any model, zero and mean ablation, the induction head's
+attention scores split by source, and the copying accuracy of the induction heads' OV circuits.
+
+The references here (``qk_score_terms``, ``mean_ablation``, ``ov_copying_accuracy``) are the
+package's own functions for these quantities; the chapter's later cells call them, never the
+learner's versions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .. import handbuilt, scores
+from ..model import AttnOnlyTransformer, Head
+from ._core import Case, Diagnosis, random_model, run_check, shipped
+
+__all__ = [
+    "check_ablated_loss",
+    "check_copying_accuracy",
+    "check_find_induction_heads",
+    "check_prefix_matching_score",
+    "check_previous_token_score",
+    "check_qk_score_terms",
+    "induction_heads",
+    "mean_ablation",
+    "ov_copying_accuracy",
+    "qk_score_terms",
+    "qk_source_names",
+]
+
+
+# ---- references ---------------------------------------------------------------------------------
+def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], heads: Head | list[Head]) -> dict:
+    """Forward keyword arguments that replace each head's output by its mean over the batch and
+    the positions of ``tokens`` (a ``[d_model]`` vector): what the head writes on average stays,
+    what it writes *about this input* goes."""
+    heads = scores.as_heads(model, heads)
+    _, cache = model.run_with_cache(tokens)
+    return {"ablate": {(l, h): cache.head_out[l][:, :, h].mean((0, 1)) for l, h in heads}}
+
+
+def qk_source_names(model: AttnOnlyTransformer) -> list[str]:
+    """The sources of a layer-1 query or key input: the embedding, the positions, each layer-0 head."""
+    return ["embed", "pos"] + [f"0.{h}" for h in range(model.cfg.n_heads)]
+
+
+@torch.no_grad()
+def qk_score_terms(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], head: int
+) -> Float[Tensor, "q_source k_source batch q k"]:
+    """The attention scores of layer-1 head ``head`` split by where the query and the key input
+    come from (:func:`qk_source_names`): the query input is ``W_E[t] + W_pos + Σ_a out^{0,a}`` and
+    so is the key's, so the score is a sum of ``(2 + n_heads)²`` terms
+    ``(src_q W_Q)(src_k W_K)ᵀ / sqrt(d_head)``. Unmasked: the causal mask is not applied."""
+    tokens = model.check_tokens(tokens)
+    model.check_head(1, head)
+    _, cache = model.run_with_cache(tokens)
+    n = tokens.shape[1]
+    parts = [model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)]
+    parts += [cache.head_out[0][:, :, a] for a in range(model.cfg.n_heads)]
+    src = torch.stack(parts)  # [source, batch, pos, d_model]
+    blk = model.blocks[1]
+    q = src @ blk.W_Q[head]
+    k = src @ blk.W_K[head]
+    return einsum(q, k, "s b q d, t b k d -> s t b q k") / math.sqrt(model.cfg.d_head)
+
+
+@torch.no_grad()
+def ov_copying_accuracy(model: AttnOnlyTransformer, heads: Head | list[Head]) -> float:
+    """Fraction of tokens whose largest output logit, in the summed full OV circuit
+    ``W_E (Σ_h W_V^h W_O^h) W_U`` of ``heads``, is the token itself (top-1 "copies itself")."""
+    heads = scores.as_heads(model, heads)
+    if not heads:
+        raise ValueError("pass at least one head")
+    ov = sum(model.blocks[l].W_V[h] @ model.blocks[l].W_O[h] for l, h in heads)
+    top = torch.cat([(model.W_E[i : i + 512] @ ov @ model.W_U).argmax(-1) for i in range(0, model.cfg.d_vocab, 512)])
+    return float((top == torch.arange(model.cfg.d_vocab)).float().mean())
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def _two_layer() -> AttnOnlyTransformer:
+    """A random two-layer model with the context of the shipped ones (room for 25 x 4 repeats)."""
+    return random_model(n_layers=2, seed=6, n_ctx=128)
+
+
+def _text(model: AttnOnlyTransformer, n: int = 8) -> Tensor:
+    from ..pretrained import validation_windows
+
+    return validation_windows(n_ctx=model.cfg.n_ctx)[:n]
+
+
+def _pattern(model: AttnOnlyTransformer, tokens: Tensor, layer: int) -> Tensor:
+    return model.run_with_cache(tokens)[1].pattern[layer]
+
+
+def _as_number(x):
+    return x.item() if isinstance(x, Tensor) and x.numel() == 1 else x
+
+
+# ---- 6.1 previous-token score from a pattern ------------------------------------------------------
+def _prev(pattern, offset=-1):
+    return pattern.diagonal(offset=offset, dim1=-2, dim2=-1).mean((0, 2))
+
+
+def check_previous_token_score(fn) -> bool:
+    """``previous_token_score(pattern [batch, head, q, k]) -> Tensor [head]``."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    text = _text(m2, 4)
+    cases = [
+        Case("attn-only-2l layer 0, 8 windows of text", (_pattern(m2, text, 0),)),
+        Case("attn-only-2l layer 1, 8 windows of text", (_pattern(m2, text, 1),)),
+        Case("a random 2-layer model, layer 0", (_pattern(rnd, text[:4] % rnd.cfg.d_vocab, 0),), kind="random"),
+    ]
+    return run_check(
+        fn,
+        cases,
+        _prev,
+        [
+            Diagnosis("you measured attention to the token itself: the previous token is the diagonal at offset -1",
+                      lambda e, c: _prev(c.args[0], 0)),
+            Diagnosis("you measured attention two tokens back: the previous token is the diagonal at offset -1",
+                      lambda e, c: _prev(c.args[0], -2)),
+            Diagnosis("you summed over batch and positions: take the mean",
+                      lambda e, c: c.args[0].diagonal(offset=-1, dim1=-2, dim2=-1).sum((0, 2))),
+            Diagnosis("you averaged over heads too: keep one score per head (mean over batch and positions)",
+                      lambda e, c: _prev(c.args[0]).mean().expand_as(e)),
+        ],
+        name="previous_token_score",
+    )
+
+
+# ---- 6.2 prefix-matching score from a pattern -----------------------------------------------------
+def _prefix(pattern, tokens, seq_len):
+    target = scores.prefix_match_targets(tokens).to(pattern.dtype)
+    mass = einsum(pattern, target, "b h q k, b q k -> b h q")
+    return mass[:, :, 1 + seq_len :].mean((0, 2))
+
+
+def _duplicate(pattern, tokens, seq_len):
+    n = tokens.shape[1]
+    same = (tokens[:, :, None] == tokens[:, None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
+    return einsum(pattern, same.to(pattern.dtype), "b h q k, b q k -> b h q")[:, :, 1 + seq_len :].mean((0, 2))
+
+
+def check_prefix_matching_score(fn) -> bool:
+    """``prefix_matching_score(pattern, tokens, seq_len) -> Tensor [head]`` on ``[EOT]`` + copies."""
+    cases = []
+    for name, layer, kind in (("attn-only-2l", 1, "shipped"), ("attn-only-1l", 0, "shipped")):
+        m = shipped(name).model
+        toks = scores.repeated_tokens(m, 25, 4, batch_size=8)
+        cases.append(Case(f"{name} layer {layer}, 25 tokens x 4", (_pattern(m, toks, layer), toks, 25), kind=kind))
+    rnd = _two_layer()
+    toks = scores.repeated_tokens(rnd, 20, 3, batch_size=4, seed=1)
+    cases.append(Case("a random 2-layer model, 20 tokens x 3", (_pattern(rnd, toks, 1), toks, 20), kind="random"))
+    return run_check(
+        fn,
+        cases,
+        _prefix,
+        [
+            Diagnosis("you scored attention to the earlier copy of the token itself; the target is the token after it",
+                      lambda e, c: _duplicate(*c.args)),
+            Diagnosis("you averaged over the first copy too: only queries in later copies (from 1 + seq_len) count",
+                      lambda e, c: einsum(c.args[0], scores.prefix_match_targets(c.args[1]).to(e.dtype),
+                                          "b h q k, b q k -> b h q").mean((0, 2))),
+        ],
+        name="prefix_matching_score",
+    )
+
+
+# ---- 6.3 find the induction heads of any model ----------------------------------------------------
+def induction_heads(model: AttnOnlyTransformer, threshold: float = 0.3) -> list[Head]:
+    """The heads whose prefix-matching score (25 random tokens x 4) is above ``threshold``."""
+    pm = scores.prefix_matching_scores(model, batch_size=8)
+    return [(int(l), int(h)) for l, h in (pm > threshold).nonzero().tolist()]
+
+
+def _compare_heads(got, expected, case) -> str | None:
+    try:
+        got_list = sorted((int(l), int(h)) for l, h in got)
+    except (TypeError, ValueError):
+        return f"return a list of (layer, head) pairs, got {got!r}"
+    if got_list == sorted(expected):
+        return None
+    if any(l == 0 for l, _ in got_list) and not any(l == 0 for l, _ in expected):
+        return f"you returned layer-0 heads {got_list}: score by prefix matching, not previous-token attention"
+    return f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3)"
+
+
+def check_find_induction_heads(fn) -> bool:
+    """``find_induction_heads(model) -> list[(layer, head)]``, on four models."""
+    cases = [
+        Case("attn-only-2l", (shipped("attn-only-2l").model,)),
+        Case("attn-only-1l", (shipped("attn-only-1l").model,)),
+        Case("a hand-built induction model", (handbuilt.induction_model(),), kind="hand-built"),
+        Case("a random 2-layer model", (_two_layer(),), kind="random"),
+    ]
+    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads", time_limit=30)
+
+
+# ---- 6.4 zero and mean ablation -------------------------------------------------------------------
+def _ablated(model, tokens, head, mode):
+    if mode == "zero":
+        return scores.ablated_loss(model, tokens, head, "zero")
+    return scores.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
+
+
+def check_ablated_loss(fn) -> bool:
+    """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
+    m = shipped("attn-only-2l").model
+    toks = scores.repeated_tokens(m, 30, batch_size=2)
+    rnd = _two_layer()
+    rtoks = scores.repeated_tokens(rnd, 20, batch_size=2)
+    cases = [
+        Case("attn-only-2l, head (0, 1), zero ablation", (m, toks, (0, 1), "zero")),
+        Case("attn-only-2l, head (1, 2), mean ablation", (m, toks, (1, 2), "mean")),
+    ]
+    cases.append(Case("a random 2-layer model, head (0, 3), mean ablation", (rnd, rtoks, (0, 3), "mean"), kind="random"))
+
+    def other_mode(e, c):
+        m, t, h, mode = c.args
+        return _ablated(m, t, h, "mean" if mode == "zero" else "zero")
+
+    def increase(e, c):
+        return e - scores.per_token_loss(c.args[0], c.args[1]).mean().item()
+
+    def swapped(e, c):
+        m, t, h, mode = c.args
+        return _ablated(m, t, h[::-1], mode)
+
+    def per_position_mean(e, c):
+        m, t, h, mode = c.args
+        if mode != "mean":
+            return None
+        _, cache = m.run_with_cache(t)
+        mean = cache.head_out[h[0]][:, :, h[1]].mean(0)  # [pos, d_model]: still says where it is
+        return scores.per_token_loss(m, t, ablate={h: mean}).mean().item()
+
+    return run_check(
+        fn,
+        cases,
+        _ablated,
+        [
+            Diagnosis("that is the other ablation: mode='zero' zeroes the output, 'mean' puts its mean in", other_mode),
+            Diagnosis("return the ablated loss itself, not its increase over the clean loss", increase),
+            Diagnosis("you ablated the head with layer and head swapped: a head is (layer, head)", swapped),
+            Diagnosis("you averaged over the batch only: average the output over positions too, to one [d_model] vector",
+                      per_position_mean),
+        ],
+        name="ablated_loss",
+        time_limit=30,
+        atol=1e-3,
+    )
+
+
+# ---- 6.5 the induction head's scores, by source ---------------------------------------------------
+def _causal(x: Tensor) -> Tensor:
+    n = x.shape[-1]
+    return x[..., torch.ones(n, n, dtype=torch.bool).tril()]
+
+
+def check_qk_score_terms(fn) -> bool:
+    """``qk_score_terms(model, tokens, head) -> Tensor [q_source, k_source, batch, q, k]`` with the
+    sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    cases = [
+        Case("a random 2-layer model, head 1.1", (rnd, scores.repeated_tokens(rnd, 10, batch_size=2), 1), kind="random"),
+        Case("attn-only-2l, head 1.1", (m2, scores.repeated_tokens(m2, 10, batch_size=2), 1)),
+    ]
+    return run_check(
+        fn,
+        cases,
+        qk_score_terms,
+        [
+            Diagnosis("the first axis is the query's source and the second the key's: yours are swapped",
+                      lambda e, c: e.transpose(0, 1)),
+            Diagnosis("divide each term by sqrt(d_head), as the model does",
+                      lambda e, c: e * math.sqrt(c.args[0].cfg.d_head)),
+        ],
+        name="qk_score_terms",
+        time_limit=30,
+        canonical=_causal,
+        atol=1e-3,
+        rtol=1e-3,
+    )
+
+
+# ---- 6.6 the induction heads' OV circuit: does it copy? -------------------------------------------
+def check_copying_accuracy(fn) -> bool:
+    """``copying_accuracy(model, heads) -> float``: top-1 "copies itself" of the summed OV circuit."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    cases = [
+        Case("a random 2-layer model, heads 1.0 and 1.2", (rnd, [(1, 0), (1, 2)]), kind="random"),
+        Case("attn-only-2l, heads 1.0, 1.1, 1.3", (m2, [(1, 0), (1, 1), (1, 3)])),
+    ]
+
+    def averaged(e, c):
+        m, heads = c.args
+        return sum(ov_copying_accuracy(m, [h]) for h in heads) / len(heads) if len(heads) > 1 else None
+
+    def by_column(e, c):
+        m, heads = c.args
+        full = m.W_E @ sum(m.blocks[l].W_V[h] @ m.blocks[l].W_O[h] for l, h in heads) @ m.W_U
+        return float((full.argmax(0) == torch.arange(m.cfg.d_vocab)).float().mean())
+
+    return run_check(
+        fn,
+        cases,
+        ov_copying_accuracy,
+        [
+            Diagnosis("you averaged each head's accuracy: sum the heads' OV circuits first, then take the argmax",
+                      averaged),
+            Diagnosis("you took the argmax down each column: a row is one source token, take the argmax along it",
+                      by_column),
+        ],
+        name="copying_accuracy",
+        time_limit=30,
+        atol=1e-6,
+    )

@@ -1,0 +1,179 @@
+"""Checks for chapter 7, why two layers: the in-context-learning score, the loss per copy of a
+repeated sequence, smeared keys, and per-head direct logit attribution.
+
+``logit_attribution`` is the package's reference for the last one (the chapter's later cells use
+it): the logit of the next token split exactly into the direct path and one term per head.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .. import scores, smeared
+from ..model import AttnOnlyTransformer
+from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+
+__all__ = [
+    "attribution_labels",
+    "check_copy_losses",
+    "check_icl_score",
+    "check_logit_attribution",
+    "check_smear_scores",
+    "logit_attribution",
+]
+
+
+# ---- references -----------------------------------------------------------------------------------
+def attribution_labels(model: AttnOnlyTransformer) -> list[str]:
+    """The names of the terms of :func:`logit_attribution`: ``direct``, then ``L0H0``, ``L0H1``, ..."""
+    heads = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    return ["direct"] + heads
+
+
+@torch.no_grad()
+def logit_attribution(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch target term"]:
+    """Each term's share of the logit of the *next* token, at every position but the last: the
+    direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
+    With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
+    tokens = model.check_tokens(tokens)
+    _, cache = model.run_with_cache(tokens)
+    W_U = model.W_U[:, tokens[:, 1:]]  # [d_model, batch, target]: the next token's unembedding
+    parts = [model.W_E[tokens][:, :-1, None]] + [out[:, :-1] for out in cache.head_out]
+    resid = torch.cat(parts, dim=2)  # [batch, target, term, d_model]
+    return torch.einsum("btsd,dbt->bts", resid, W_U)
+
+
+def _icl(nll, late, early):
+    return (nll[:, late - 1] - nll[:, early - 1]).mean().item()
+
+
+def _copy_means(loss, seq_len, n_repeats):
+    return scores.RepeatedLossCurve(loss, seq_len, n_repeats).copy_means()
+
+
+# ---- 7.1 the in-context-learning score ------------------------------------------------------------
+def check_icl_score(fn) -> bool:
+    """``icl_score(nll [batch, target], late, early) -> float`` (``nll[:, t]`` is the loss of token ``t + 1``)."""
+    m1 = shipped("attn-only-1l").model
+    from ..pretrained import validation_windows
+
+    text = validation_windows(n_ctx=m1.cfg.n_ctx)[:16]
+    nll = scores.per_token_loss(m1, text)
+    noise = torch.rand(8, 40, generator=torch.Generator().manual_seed(0)) * 5
+    cases = [
+        Case("attn-only-1l on 16 windows, tokens 125 vs 12", (nll, 125, 12)),
+        Case("random losses, tokens 30 vs 5", (noise, 30, 5), kind="random"),
+    ]
+    return run_check(
+        fn,
+        cases,
+        _icl,
+        [
+            Diagnosis("off by one: the loss of token t is entry t - 1", lambda e, c: _icl(c.args[0], c.args[1] + 1, c.args[2] + 1)),
+            Diagnosis("the wrong sign: late minus early", lambda e, c: -e),
+        ],
+        name="icl_score",
+    )
+
+
+# ---- 7.2 loss per copy ----------------------------------------------------------------------------
+def check_copy_losses(fn) -> bool:
+    """``copy_losses(loss [target], seq_len, n_repeats) -> list[float]``: the mean loss of each copy,
+    its first target left out."""
+    m2 = shipped("attn-only-2l").model
+    curve = scores.repeated_loss_curve(m2, 25, 4, batch_size=4)
+    noise = torch.rand(3 * 7, generator=torch.Generator().manual_seed(1))
+    cases = [
+        Case("attn-only-2l, 25 tokens x 4", (curve.loss, 25, 4)),
+        Case("random losses, 7 tokens x 3", (noise, 7, 3), kind="random"),
+    ]
+
+    def with_first(e, c):
+        loss, L, n = c.args
+        return [loss[k * L : (k + 1) * L].mean().item() for k in range(n)]
+
+    def shifted(e, c):
+        loss, L, n = c.args
+        return [loss[k * L + 2 : (k + 1) * L + 1].mean().item() for k in range(n)]
+
+    return run_check(
+        fn,
+        cases,
+        _copy_means,
+        [
+            Diagnosis("you kept each copy's first target: nothing before it predicts it, leave it out", with_first),
+            Diagnosis("off by one position: entry t of the loss predicts token t + 1, and token 0 is [EOT]", shifted),
+        ],
+        name="copy_losses",
+        atol=1e-5,
+    )
+
+
+# ---- 7.3 smeared keys -----------------------------------------------------------------------------
+def check_smear_scores(fn) -> bool:
+    """``smear_scores(scores [batch, head, q, k], weight [head]) -> same shape``."""
+    m1 = shipped("attn-only-1l").model
+    toks = scores.repeated_tokens(m1, 10, batch_size=2)
+    real = m1.run_with_cache(toks)[1].attn_scores[0]
+    rnd = random_model(n_layers=1, seed=3)
+    rs = rnd.run_with_cache(random_tokens(rnd.cfg.d_vocab, (2, 12)))[1].attn_scores[0]
+    cases = [
+        Case("attn-only-1l scores, weights 0.3, 0.5, 0.7, 0.9", (real, torch.tensor([0.3, 0.5, 0.7, 0.9]))),
+        Case("a random model's scores, weights 0.2 ... 0.8", (rs, torch.linspace(0.2, 0.8, 4)), kind="random"),
+    ]
+
+    def swapped(e, c):
+        return smeared.smear_scores(c.args[0], 1 - c.args[1])
+
+    def next_key(e, c):
+        s, w = c.args
+        masked = torch.isinf(s)
+        z = s.masked_fill(masked, 0.0)
+        nxt = torch.cat([z[..., 1:], z[..., -1:]], dim=-1)
+        ww = w[None, :, None, None]
+        return (ww * z + (1 - ww) * nxt).masked_fill(masked, float("-inf"))
+
+    return run_check(
+        fn,
+        cases,
+        smeared.smear_scores,
+        [
+            Diagnosis("the weights are swapped: σ(α) goes with the key's own score, 1 - σ(α) with the previous key's",
+                      swapped),
+            Diagnosis("you mixed in the *next* key (j + 1); the smeared key mixes in key j - 1", next_key),
+        ],
+        name="smear_scores",
+        atol=1e-4,
+    )
+
+
+# ---- 7.4 per-head direct logit attribution --------------------------------------------------------
+def check_logit_attribution(fn) -> bool:
+    """``logit_attribution(model, tokens) -> Tensor [batch, pos - 1, 1 + n_layers * n_heads]``."""
+    m2, rnd = shipped("attn-only-2l").model, random_model(n_layers=2, seed=4)
+    cases = [
+        Case("a random 2-layer model", (rnd, random_tokens(rnd.cfg.d_vocab, (2, 12))), kind="random"),
+        Case("attn-only-2l, random tokens repeated", (m2, scores.repeated_tokens(m2, 20, batch_size=2))),
+    ]
+
+    def current_token(e, c):
+        m, t = c.args
+        _, cache = m.run_with_cache(t)
+        W_U = m.W_U[:, t[:, :-1]]
+        resid = torch.cat([m.W_E[t][:, :-1, None]] + [o[:, :-1] for o in cache.head_out], dim=2)
+        return torch.einsum("btsd,dbt->bts", resid, W_U)
+
+    return run_check(
+        fn,
+        cases,
+        logit_attribution,
+        [Diagnosis("off by one: attribute the logit of the *next* token, tokens[:, 1:]", current_token)],
+        name="logit_attribution",
+        time_limit=30,
+        atol=1e-3,
+        rtol=1e-4,
+    )

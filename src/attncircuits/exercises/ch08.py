@@ -1,0 +1,193 @@
+"""Checks for chapter 8, circuits built by hand: the learner writes weights, the check puts them
+into an :class:`AttnOnlyTransformer` (:mod:`attncircuits.handbuilt` supplies the rest of the
+model) and runs it. Weights that implement a circuit are far from unique, so these checks judge
+what the model *does*: its previous-token score, whether it predicts the token two back, its
+prefix-matching score and its loss on repeated random tokens; and when it fails, they read the
+learner's matrices to say which block of the residual stream was read or written by mistake.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import handbuilt, scores
+from ..circuits import mean_attention_by_offset
+from ..handbuilt import Layout
+from ._core import Case, random_tokens, run_check
+
+__all__ = [
+    "PREFIX_TARGET",
+    "PREV_TARGET",
+    "check_copy_ov",
+    "check_induction_qk",
+    "check_previous_token_qk",
+    "check_two_back_model",
+    "two_back_accuracy",
+]
+
+PREV_TARGET = 0.95  # previous-token score a hand-built previous-token head must reach
+PREFIX_TARGET = 0.95  # prefix-matching score a hand-built induction head must reach
+
+
+def _tokens(layout: Layout, batch: int = 8, seed: int = 0) -> Tensor:
+    return random_tokens(layout.d_vocab, (batch, layout.n_ctx), seed=seed)
+
+
+def _pair(out, what: str) -> tuple[Tensor, Tensor] | str:
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, Tensor) for x in out)):
+        return f"return the pair ({what}) as two tensors"
+    return out[0].float(), out[1].float()
+
+
+def _blocks_read(W: Tensor, layout: Layout) -> list[str]:
+    """The names of the residual blocks whose rows of ``W`` are not all zero."""
+    names = ["pos"] + list(handbuilt.BLOCKS)
+    sl = [layout.pos] + [layout.block(b) for b in handbuilt.BLOCKS]
+    return [n for n, s in zip(names, sl) if W[s].abs().max() > 1e-6]
+
+
+# ---- 8.1 a previous-token head from the sinusoids -------------------------------------------------
+def _compare_prev(got, expected, case) -> str | None:
+    layout = Layout()
+    pair = _pair(got, "W_Q, W_K")
+    if isinstance(pair, str):
+        return pair
+    model = handbuilt.empty_model(layout, 1)
+    try:
+        handbuilt.set_head(model, 0, W_Q=pair[0], W_K=pair[1])
+    except ValueError as err:
+        return str(err)
+    toks = _tokens(layout)
+    score = float(scores.previous_token_scores(model, toks)[0, 0])
+    if score >= PREV_TARGET:
+        return None
+    _, cache = model.run_with_cache(toks)
+    by_offset = mean_attention_by_offset(cache.pattern[0], max_offset=4)[0]
+    peak = int(by_offset.argmax())
+    if peak != 1:
+        where = "the token itself" if peak == 0 else f"{peak} tokens back"
+        return (
+            f"previous-token score {score:.2f}: the head looks mostly at {where}. Rotate the query's "
+            "(sin, cos) pairs back by one position's angle, w, leave the key as it is"
+        )
+    return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up"
+
+
+def check_previous_token_qk(fn) -> bool:
+    """``previous_token_qk(W_pos, n_pairs, d_head) -> (W_Q, W_K)``, each ``[d_model, d_head]``:
+    judged by the previous-token score (>= 0.95) of a one-head model that uses them."""
+    layout = Layout()
+    W_pos = handbuilt.empty_model(layout, 1).W_pos
+    cases = [Case("the chapter's layout: 16 sinusoid pairs, d_head 128", (W_pos, layout.n_pos_pairs, layout.d_head),
+                  kind="hand-built", expected=PREV_TARGET)]
+    return run_check(fn, cases, compare=_compare_prev, name="previous_token_qk")
+
+
+# ---- 8.2 a head that copies one block into another ------------------------------------------------
+def _product(out):
+    pair = _pair(out, "W_V, W_O")
+    return pair if isinstance(pair, str) else pair[0] @ pair[1]
+
+
+def _compare_copy(got, expected, case) -> str | None:
+    ov = _product(got)
+    if isinstance(ov, str):
+        return ov
+    want = expected[0] @ expected[1]
+    if ov.shape != want.shape:
+        return f"W_V @ W_O has shape {list(ov.shape)}, expected {list(want.shape)} ([d_model, d_model])"
+    if torch.allclose(ov, want, atol=1e-5):
+        return None
+    if torch.allclose(ov, want.T, atol=1e-5):
+        return "W_V @ W_O copies dst into src: W_V reads the source block, W_O writes the destination"
+    c = float((ov * want).sum() / (want * want).sum())
+    if abs(c - 1) > 1e-3 and torch.allclose(ov, c * want, atol=1e-5):
+        return f"W_V @ W_O is {c:.3g} times the copy: make it the identity between the two blocks"
+    return "W_V @ W_O must be the identity from the source block to the destination block and zero elsewhere"
+
+
+def check_copy_ov(fn) -> bool:
+    """``copy_ov(d_model, d_head, src, dst) -> (W_V, W_O)``: judged by ``W_V @ W_O`` (the factors
+    are unique only up to a change of basis inside the head)."""
+    layout = Layout()
+    cases = [
+        Case("token -> prev", (layout.d_model, layout.d_head, layout.block("token"), layout.block("prev")), kind="hand-built"),
+        Case("prev -> out", (layout.d_model, layout.d_head, layout.block("prev"), layout.block("out")), kind="hand-built"),
+        Case("a small stream: dims 2-5 -> 8-11", (12, 4, slice(2, 6), slice(8, 12)), kind="hand-built"),
+    ]
+    return run_check(fn, cases, handbuilt.copy_ov, compare=_compare_copy, name="copy_ov")
+
+
+# ---- 8.3 the virtual head that looks two tokens back ----------------------------------------------
+@torch.no_grad()
+def two_back_accuracy(model, tokens: Tensor, back: int = 2) -> float:
+    """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
+    logits = model(tokens)
+    return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
+
+
+def _compare_two_back(got, expected, case) -> str | None:
+    if not hasattr(got, "blocks") or not callable(got):
+        return f"return the model (an AttnOnlyTransformer), got a {type(got).__name__}"
+    if got.cfg.n_layers != 2:
+        return f"the virtual head needs two layers, your model has {got.cfg.n_layers}"
+    toks = _tokens(case.args[0])
+    acc = {k: two_back_accuracy(got, toks, k) for k in (1, 2)}
+    if acc[2] >= 0.99:
+        return None
+    if acc[1] > 0.5:
+        return (
+            f"your model predicts the token one back ({acc[1]:.0%}), not two back: the layer-1 head "
+            "must read the prev block, which the layer-0 head wrote"
+        )
+    same = float((got(toks).argmax(-1) == toks).float().mean())
+    if same > 0.5:
+        return "your model predicts the current token: each head must copy the token of the position it attends to"
+    return f"the token two back is the top prediction at only {acc[2]:.0%} of positions (need 99%)"
+
+
+def check_two_back_model(fn) -> bool:
+    """``build_two_back(layout) -> AttnOnlyTransformer``: the top prediction at position ``i``
+    must be the token at ``i - 2`` (>= 99% of positions, random tokens)."""
+    cases = [
+        Case("the chapter's layout", (Layout(),), kind="hand-built", expected=1.0),
+        Case("a layout with 64 tokens and 12 pairs", (Layout(d_vocab=64, n_pos_pairs=12),), kind="hand-built", expected=1.0),
+    ]
+    return run_check(fn, cases, compare=_compare_two_back, name="build_two_back")
+
+
+# ---- 8.4 the induction head's QK circuit (K-composition) ------------------------------------------
+def _compare_induction(got, expected, case) -> str | None:
+    layout: Layout = case.args[0]
+    pair = _pair(got, "W_Q, W_K")
+    if isinstance(pair, str):
+        return pair
+    model = handbuilt.induction_model(layout)
+    try:
+        handbuilt.set_head(model, 1, W_Q=pair[0], W_K=pair[1])
+    except ValueError as err:
+        return str(err)
+    pm = float(scores.prefix_matching_scores(model, batch_size=8)[1, 0])
+    loss = scores.repeated_token_loss(model, batch_size=8)
+    if pm >= PREFIX_TARGET and loss.second < 0.5 * loss.first:
+        return None
+    q_reads, k_reads = _blocks_read(pair[0], layout), _blocks_read(pair[1], layout)
+    if "prev" in q_reads and "token" not in q_reads:
+        return "W_Q reads the prev block: the query asks about the current token (token block)"
+    if "token" in k_reads and "prev" not in k_reads:
+        return (
+            "W_K reads the token block: that finds earlier copies of the current token, not the token "
+            "after them. The key must read the prev block (K-composition)"
+        )
+    if "token" in q_reads and "prev" in k_reads:
+        return f"prefix-matching score {pm:.2f} < {PREFIX_TARGET}: the right keys win but too softly; scale up"
+    return f"prefix-matching score {pm:.2f} (need {PREFIX_TARGET}); W_Q reads {q_reads}, W_K reads {k_reads}"
+
+
+def check_induction_qk(fn) -> bool:
+    """``induction_qk(layout) -> (W_Q, W_K)`` of the layer-1 head, each ``[d_model, d_head]``:
+    judged by the prefix-matching score (>= 0.95) and the loss on repeated random tokens of the
+    induction model that uses them."""
+    cases = [Case("the chapter's layout", (Layout(),), kind="hand-built", expected=PREFIX_TARGET)]
+    return run_check(fn, cases, compare=_compare_induction, name="induction_qk", time_limit=30)

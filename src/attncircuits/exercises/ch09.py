@@ -1,0 +1,124 @@
+"""Checks for chapter 9 (Continue in TransformerLens): a pattern score, a hook, FactoredMatrix circuits.
+
+Each check runs the learner's function on the shipped 2-layer model's attention (or on its
+TransformerLens twin) and on a small random model, against the references in
+:mod:`attncircuits.interop`, and prints one line.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import scores as S
+from ..circuits.factored import full_ov_circuit
+from ..circuits.skip_trigrams import eigen_copying_score
+from ..interop import induction_stripe_scores, to_transformer_lens, zero_head_hook
+from ._core import Case, Diagnosis, random_model, run_check, shipped
+
+__all__ = ["check_induction_stripe_scores", "check_ov_copying_scores", "check_zero_head_hook"]
+
+
+@functools.lru_cache(maxsize=None)
+def _patterns(n_layers: int) -> tuple[torch.Tensor, int]:
+    """Layer ``n_layers - 1``'s attention on repeated random tokens, and the copy length."""
+    model = shipped("attn-only-2l").model if n_layers == 2 else random_model(n_layers=1, seed=3, n_ctx=33)
+    seq_len = 63 if n_layers == 2 else 16
+    tokens = S.repeated_tokens(model, seq_len=seq_len, batch_size=4)
+    _, cache = model.run_with_cache(tokens)
+    return cache.pattern[-1], seq_len
+
+
+def check_induction_stripe_scores(fn) -> bool:
+    """Exercise 9.1: ``fn(pattern, seq_len) -> [head]``."""
+    cases = []
+    for n_layers, label, kind in ((2, "attn-only-2l, layer 1", "shipped"), (1, "random 1-layer model", "random")):
+        pattern, seq_len = _patterns(n_layers)
+        cases.append(Case(label, (pattern, seq_len), kind=kind))
+
+    def whole_diagonal(expected, case):
+        pattern, L = case.args
+        return pattern.diagonal(offset=1 - L, dim1=-2, dim2=-1).mean(dim=(0, 2))
+
+    def off_by_one(expected, case):
+        pattern, L = case.args
+        return pattern.diagonal(offset=-L, dim1=-2, dim2=-1)[..., 1 : 1 + L].mean(dim=(0, 2))
+
+    return run_check(
+        fn,
+        cases,
+        reference=induction_stripe_scores,
+        diagnoses=[
+            Diagnosis(
+                "you averaged the whole stripe; keep only the second copy's queries (L + 1 .. 2L)", whole_diagonal
+            ),
+            Diagnosis(
+                "that is the earlier copy of the token itself (offset -L); an induction head looks one "
+                "further, at the token after it (offset 1 - L)",
+                off_by_one,
+            ),
+        ],
+        atol=1e-6,
+        rtol=1e-5,
+    )
+
+
+def check_zero_head_hook(fn) -> bool:
+    """Exercise 9.2: ``fn(z, hook, head) -> z`` with head ``head`` zeroed."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [
+        Case("z of shape [2, 5, 4, 8], head 1", (torch.randn(2, 5, 4, 8, generator=gen), None, 1), kind="random"),
+        Case("z of shape [3, 7, 4, 32], head 3", (torch.randn(3, 7, 4, 32, generator=gen), None, 3), kind="random"),
+    ]
+
+    def reference(z, hook, head):
+        return zero_head_hook(z.clone(), hook, head)
+
+    def wrong_axis(expected, case):
+        z, _, head = case.args
+        out = z.clone()
+        out[:, head] = 0.0
+        return out
+
+    return run_check(
+        fn,
+        cases,
+        reference=reference,
+        diagnoses=[Diagnosis("you zeroed a position; z is [batch, pos, head, d_head]: the head is axis 2", wrong_axis)],
+        atol=0.0,
+        rtol=0.0,
+    )
+
+
+def _ours_copying(tl_model) -> torch.Tensor:
+    from ..interop import from_transformer_lens
+
+    model = from_transformer_lens(tl_model)
+    scores = [eigen_copying_score(full_ov_circuit(model, l).eigenvalues()) for l in range(model.cfg.n_layers)]
+    return torch.stack(scores).float()
+
+
+def check_ov_copying_scores(fn) -> bool:
+    """Exercise 9.3: ``fn(tl_model) -> [layer, head]`` from TransformerLens's FactoredMatrix."""
+    cases = [
+        Case("attn-only-2l in TransformerLens", (to_transformer_lens(shipped("attn-only-2l").model),), kind="shipped"),
+        Case("random 2-layer model", (to_transformer_lens(random_model(n_layers=2, seed=5)),), kind="random"),
+    ]
+
+    def no_abs(expected, case):
+        tl_model = case.args[0]
+        eig = (tl_model.W_E @ tl_model.OV @ tl_model.W_U).eigenvalues
+        return (eig.sum(-1) / eig.sum(-1).abs()).real
+
+    return run_check(
+        fn,
+        cases,
+        reference=_ours_copying,
+        diagnoses=[
+            Diagnosis("divide by the sum of |λ|, not by |Σλ|", no_abs),
+        ],
+        canonical=lambda x: x.float() if isinstance(x, torch.Tensor) else x,
+        atol=1e-4,
+        rtol=1e-3,
+    )

@@ -1,0 +1,164 @@
+"""The shared check machinery: every kind of learner output gives one line and no exception."""
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from attncircuits.exercises import Case, Diagnosis, random_model, run_check
+
+
+def scaled_scores(x: torch.Tensor, d_head: int) -> torch.Tensor:
+    """A stand-in reference: x @ x.T / sqrt(d_head)."""
+    return x @ x.T / math.sqrt(d_head)
+
+
+CASES = [
+    Case("shipped-like", (torch.arange(12.0).view(3, 4) / 7, 4), kind="shipped"),
+    Case("random", (torch.randn(5, 4, generator=torch.Generator().manual_seed(0)), 16), kind="random"),
+]
+MISSING_SCALE = Diagnosis("scores are not divided by sqrt(d_head)", lambda ref, case: ref * math.sqrt(case.args[1]))
+
+
+def check(fn, **kwargs):
+    return run_check(fn, CASES, scaled_scores, [MISSING_SCALE], name="scores", **kwargs)
+
+
+def one_line(capsys) -> str:
+    out = capsys.readouterr().out
+    assert out.endswith("\n")
+    lines = out.rstrip("\n").splitlines()
+    assert all(len(line) <= 79 for line in lines), lines
+    assert all(line.startswith("  ") for line in lines[1:]), "continuation lines are indented"
+    return " ".join(line.strip() for line in lines)
+
+
+def test_correct_answer_passes(capsys):
+    assert check(lambda x, d: x @ x.T / d**0.5) is True
+    assert one_line(capsys) == "✓ scores: correct on 2 cases: 1 shipped, 1 random"
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["raise NotImplementedError('write this')", "...", "pass", "'''docstring only'''\n    ...", "return ..."],
+)
+def test_unattempted_stub(capsys, body):
+    namespace = {}
+    exec(f"def stub(x, d):\n    {body}\n", namespace)  # a function whose source inspect cannot read
+    assert check(namespace["stub"]) is False
+    out = one_line(capsys)
+    assert out.startswith("○ scores: not attempted yet"), out
+
+
+def stub_with_docstring(x, d):
+    """Return the scaled scores."""
+    ...
+
+
+def forgot_return(x, d):
+    x @ x.T
+
+
+def test_untouched_stub_from_source_and_forgotten_return(capsys):
+    assert check(stub_with_docstring) is False
+    assert "not attempted yet" in one_line(capsys)
+    assert check(forgot_return) is False
+    assert one_line(capsys) == "✗ scores: on shipped-like: the output is None: did you forget to `return` the result?"
+
+
+def test_named_diagnosis(capsys):
+    assert check(lambda x, d: x @ x.T) is False
+    assert one_line(capsys) == "✗ scores: on shipped-like: scores are not divided by sqrt(d_head)"
+
+
+def test_generic_sign_transpose_and_factor(capsys):
+    assert check(lambda x, d: -(x @ x.T) / d**0.5) is False
+    assert "wrong sign" in one_line(capsys)
+    assert check(lambda x, d: 3 * x @ x.T / d**0.5) is False
+    assert "constant factor: your values are 3 times" in one_line(capsys)
+    tri = [Case("lower", (torch.tril(torch.ones(3, 3)),))]
+    assert run_check(lambda m: m.T, tri, lambda m: m, name="t") is False
+    assert "transposed" in one_line(capsys)
+
+
+def test_right_on_shipped_wrong_on_random(capsys):
+    assert check(lambda x, d: x @ x.T / 2) is False  # hard-codes d_head = 4
+    out = one_line(capsys)
+    assert out.startswith("✗ scores: right on the shipped case but wrong on random:"), out
+
+
+def test_wrong_shape_and_transposed_shape(capsys):
+    assert check(lambda x, d: (x @ x.T / d**0.5)[None]) is False
+    assert "shape [1, 3, 3], expected [3, 3]: an axis of size 1 is missing or extra" in one_line(capsys)
+    rect = [Case("rect", (torch.ones(2, 3),))]
+    assert run_check(lambda m: m.T, rect, lambda m: m, name="t") is False
+    assert "shape [3, 2], expected [2, 3]: transposed" in one_line(capsys)
+
+
+def test_bad_outputs_one_line_each(capsys):
+    def raises(x, d):
+        y = x @ x  # not square: matmul fails on 3x4 @ 3x4
+        return y
+
+    assert check(raises) is False
+    out = one_line(capsys)
+    assert out.startswith("✗ scores: raised RuntimeError at line 2 of raises (`y = x @ x"), out
+    assert "Traceback" not in out
+    assert check(lambda x, d: (x @ x.T / d**0.5).numpy()) is False
+    assert "should be a torch.Tensor of shape [3, 3], got a ndarray" in one_line(capsys)
+    assert check(lambda x, d: (x @ x.T / d**0.5) * (x[0, 0] / x[0, 0])) is False  # 0 / 0 on the first case
+    assert "NaN in" in one_line(capsys)
+    assert check(lambda x, d: (x @ x.T / d**0.5).double()) is False
+    assert "dtype torch.float64, expected torch.float32" in one_line(capsys)
+    assert check(lambda x, d: (x @ x.T / d**0.5).to("meta")) is False
+    assert "on device meta, expected cpu" in one_line(capsys)
+    assert check("not a function") is False
+    assert "expected a function, got a str" in one_line(capsys)
+
+
+def test_too_slow_is_stopped_and_reported(capsys):
+    def slow(x, d):
+        while True:
+            pass
+
+    assert check(slow, time_limit=0.3) is False
+    out = one_line(capsys)
+    assert out.startswith("✗ scores: too slow: stopped waiting after 0.3 s on shipped-like"), out
+    assert check(lambda x, d: x @ x.T / d**0.5) is True  # the next check runs normally
+    capsys.readouterr()
+    time.sleep(0.2)  # the stopped loop ends at its next instruction
+    assert not [t for t in threading.enumerate() if t.name == "attncircuits-exercise-check"]
+
+
+def test_too_slow_off_the_main_thread(capsys):
+    results = []
+    worker = threading.Thread(target=lambda: results.append(check(lambda x, d: time.sleep(5), time_limit=0.2)))
+    worker.start()
+    worker.join(10)
+    assert results == [False]
+    assert "too slow: stopped waiting after 0.2 s" in one_line(capsys)
+
+
+def test_inputs_are_copied(capsys):
+    model = random_model(n_layers=1, seed=3)
+    before = model.W_E.clone()
+
+    def edits_in_place(m):
+        m.W_E.mul_(0)
+        return m.W_E.sum()
+
+    run_check(edits_in_place, [Case("random", (model,), kind="random")], lambda m: m.W_E.sum(), name="e")
+    assert torch.equal(model.W_E, before)
+    assert "on random" in one_line(capsys)
+
+
+def test_scalar_outputs(capsys):
+    cases = [Case("x", (torch.tensor([1.0, 2.0]),))]
+    assert run_check(lambda t: t.sum(), cases, lambda t: float(t.sum()), name="s") is True
+    capsys.readouterr()
+    assert run_check(lambda t: -float(t.sum()), cases, lambda t: float(t.sum()), name="s") is False
+    assert "wrong sign" in one_line(capsys)
+    assert run_check(lambda t: "3", cases, lambda t: float(t.sum()), name="s") is False
+    assert "should be a number, got a str" in one_line(capsys)

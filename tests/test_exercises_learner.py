@@ -1,0 +1,87 @@
+"""The learner's notebooks: generated from the solved chapters, committed, and never stale."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attncircuits.exercises import make_learner
+from attncircuits.exercises.make_learner import STUB, generate, learner_notebook, stale, strip_solution
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_learner_notebooks_are_fresh():
+    problems = stale(ROOT)
+    assert not problems, "; ".join(problems) + ". Run: python -m attncircuits.exercises.make_learner"
+
+
+def test_every_chapter_with_exercises_has_a_learner_notebook_without_solutions():
+    generated = generate(ROOT)
+    assert len(generated) >= 4
+    for path, text in generated.items():
+        nb = json.loads(text)
+        assert (ROOT / "notebooks" / path.name).is_file()
+        sources = ["".join(c["source"]) for c in nb["cells"]]
+        assert not any("BEGIN SOLUTION" in s or "END SOLUTION" in s for s in sources), path
+        assert not any(line.startswith("assert check_") for s in sources for line in s.splitlines()), path
+        stubs = [c for c in nb["cells"] if "solution" in c["metadata"].get("tags", [])]
+        assert stubs and all("hide-input" not in c["metadata"]["tags"] for c in stubs)
+        assert all(STUB in "".join(c["source"]) for c in stubs)
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_stubs_keep_the_signature_docstring_and_indent():
+    src = 'def f(x):\n    """Doc."""\n    # BEGIN SOLUTION\n    y = x + 1\n    return y\n    # END SOLUTION\n'
+    assert strip_solution(src, "here") == f'def f(x):\n    """Doc."""\n    {STUB}\n'
+    nested = "class A:\n    def f(self):\n        # BEGIN SOLUTION\n        return 1\n        # END SOLUTION\n"
+    assert strip_solution(nested, "here") == f"class A:\n    def f(self):\n        {STUB}\n"
+
+
+@pytest.mark.parametrize(
+    "src, message",
+    [
+        ("def f():\n    # BEGIN SOLUTION\n    return 1\n", "without '# END SOLUTION'"),
+        ("def f():\n    return 1\n    # END SOLUTION\n", "without '# BEGIN SOLUTION'"),
+        ("def f():\n    # BEGIN SOLUTION\n    return 1\n# END SOLUTION\n", "indented differently"),
+    ],
+)
+def test_broken_markers_name_the_notebook_and_cell(src, message):
+    with pytest.raises(ValueError, match=message):
+        strip_solution(src, "notebooks/09_x.ipynb, cell abc")
+
+
+def test_a_solution_cell_without_markers_is_refused():
+    nb = {"cells": [{"cell_type": "code", "id": "s1", "metadata": {"tags": ["solution"]}, "source": ["x = 1\n"], "outputs": []}]}
+    with pytest.raises(ValueError, match="cell s1 is tagged 'solution' but has no"):
+        learner_notebook(nb, "notebooks/09_x.ipynb")
+
+
+def test_check_mode_reports_a_stale_notebook(tmp_path, capsys):
+    (tmp_path / "notebooks").mkdir()
+    solved = {
+        "cells": [
+            {"cell_type": "markdown", "id": "m", "metadata": {}, "source": ["[Open the exercises in Colab](https://colab.research.google.com/github/o/r/blob/main/x)\n"]},
+            {"cell_type": "code", "id": "s", "execution_count": 3, "metadata": {"tags": ["solution", "hide-input"]},
+             "outputs": [{"output_type": "stream", "name": "stdout", "text": ["hi\n"]}],
+             "source": ["def f():\n", "    # BEGIN SOLUTION\n", "    return 1\n", "    # END SOLUTION\n"]},
+            {"cell_type": "code", "id": "c", "execution_count": 4, "metadata": {}, "outputs": [], "source": ["assert check_f(f)"]},
+        ],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
+    }
+    (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
+    assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
+    assert "notebooks/exercises/09_x.ipynb is missing" in capsys.readouterr().out
+    assert make_learner.main(["--root", str(tmp_path)]) == 0
+    assert make_learner.main(["--root", str(tmp_path), "--check"]) == 0
+    learner = json.loads((tmp_path / "notebooks" / "exercises" / "09_x.ipynb").read_text())
+    banner, stub, check = learner["cells"]
+    assert "exercises version" in "".join(banner["source"])
+    assert stub["metadata"]["tags"] == ["solution"] and stub["outputs"] == [] and stub["execution_count"] is None
+    assert "".join(check["source"]) == "check_f(f)"
+    (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved).replace("return 1", "return 2"))
+    assert make_learner.main(["--root", str(tmp_path), "--check"]) == 0  # only the hidden solution changed
+    solved["cells"][0]["source"] = ["A new first cell.\n"]
+    (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
+    assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
+    assert "09_x.ipynb is stale" in capsys.readouterr().out
