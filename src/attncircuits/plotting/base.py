@@ -6,6 +6,7 @@ The legibility rule and the numbers behind it are stated in :mod:`attncircuits.p
 
 from __future__ import annotations
 
+import io
 import textwrap
 from typing import Mapping, Sequence
 
@@ -57,8 +58,6 @@ def release(fig) -> None:
 
 def figure_png(fig: Figure) -> bytes:
     """The PNG a notebook shows for ``fig``: its own dpi, cropped to what is drawn."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", pad_inches=PAD_IN, facecolor="white")
     return buf.getvalue()
