@@ -12,6 +12,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .. import scores, smeared
+from ..heads import head_name
 from ..model import AttnOnlyTransformer
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
@@ -28,7 +29,7 @@ __all__ = [
 # ---- references -----------------------------------------------------------------------------------
 def attribution_labels(model: AttnOnlyTransformer) -> list[str]:
     """The names of the terms of :func:`logit_attribution`: ``direct``, then ``L0H0``, ``L0H1``, ..."""
-    heads = [f"L{l}H{h}" for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    heads = [head_name(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
     return ["direct"] + heads
 
 
