@@ -26,7 +26,7 @@ import re
 import sys
 from pathlib import Path
 
-STUB = 'raise NotImplementedError("write your solution here, then run the check below")'
+STUB = 'raise NotImplementedError("your solution here")'
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 LEARNER_DIR = "exercises"
 _CHECK_ASSERT = re.compile(r"^assert (check_\w+\(.*\))\s*$")
