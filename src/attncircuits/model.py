@@ -91,24 +91,30 @@ class Attention(nn.Module):
     def forward(self, resid, pos, cache, pattern_replace, out_replace):
         b, n, d_model = resid.shape
         H, d_head = self.W_Q.shape[0], self.W_Q.shape[2]
-        # Queries and keys in one matmul; positions enter queries and keys only, values see the stream.
-        W_QK = torch.cat([self.W_Q, self.W_K]).transpose(0, 1).reshape(d_model, 2 * H * d_head)
-        q, k = ((resid + pos[:n]) @ W_QK).view(b, n, 2, H, d_head).permute(2, 0, 3, 1, 4)  # [b h p dh]
-        v = (resid @ self.W_V.transpose(0, 1).reshape(d_model, H * d_head)).view(b, n, H, d_head)
-        if cache is None and not pattern_replace:  # no pattern wanted: a fused kernel that never forms it
-            z = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
+        # Positions enter queries and keys only; values read the stream.
+        # all heads in one matmul: W [H, d_model, d_head] as [d_model, H*d_head]
+        qk_in = resid + pos[:n]
+        q = (qk_in @ self.W_Q.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
+        k = (qk_in @ self.W_K.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
+        v = (resid @ self.W_V.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
+        q, k, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None and not pattern_replace:
+            # no pattern wanted: a fused kernel that never forms it
+            z = F.scaled_dot_product_attention(q, k, v_h, is_causal=True)
         else:
-            scores = (q @ k.transpose(-1, -2)).mul_(1 / math.sqrt(d_head))  # [b h q k]
-            scores.masked_fill_(~self.mask[:n, :n], float("-inf"))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(d_head)  # [b h q k]
+            scores = scores.masked_fill(~self.mask[:n, :n], float("-inf"))
             pattern = scores.softmax(dim=-1)
-            if pattern_replace:  # e.g. frozen patterns for pattern-preserving ablation
+            if pattern_replace:  # frozen patterns: pattern-preserving ablation
                 pattern = pattern.clone()
                 for h, new in pattern_replace.items():
-                    pattern[:, h] = torch.as_tensor(new).to(pattern)[..., :n, :n]
-            z = pattern @ v.transpose(1, 2)
+                    new = torch.as_tensor(new).to(pattern)
+                    pattern[:, h] = new[..., :n, :n]
+            z = pattern @ v_h
         z = z.transpose(1, 2)  # [b q h dh]
-        if cache is None and not out_replace:  # the sum over heads inside one matmul
-            return z.reshape(b, n, H * d_head) @ self.W_O.reshape(H * d_head, d_model)
+        if cache is None and not out_replace:
+            # the sum over heads inside one matmul
+            return z.flatten(2) @ self.W_O.flatten(0, 1)
         head_out = einsum(z, self.W_O, "b q h dh, h dh dm -> b q h dm")
         # zero ablation passes 0.0, mean ablation a mean, or any function
         if out_replace:
