@@ -547,7 +547,7 @@ def targets() -> list[Target]:
     # -- circuits/induction.py
     add(Target("induction.writer_ov", lambda n, writers, layer: induction.writer_ov(_m(n), writers, layer),
                {"n": models(1), "writers": head_lists("writers", include_none=True), **Ln}))
-    add(Target("induction.k_composition_qk_circuit", lambda n, head, writers, layer: induction.k_composition_qk_circuit(_m(n), head, writers, layer),
+    add(Target("induction.k_composition_circuit", lambda n, head, writers, layer: induction.k_composition_circuit(_m(n), layer, head, writers),
                {"n": models(2), "head": heads_of_layer(include_none=True), "writers": head_lists("writers", include_none=True),
                 "layer": ints("layer", 1, None, extra_invalid=(-1,))}))
     add(Target("induction.induction_eigen_positivity", lambda n, layer, writers: induction.induction_eigen_positivity(_m(n), layer, writers),

@@ -1,4 +1,4 @@
-"""The exercise checks of chapters 1-4: each accepts the chapter's own solution, names typical
+"""The exercise checks: for chapters 1-8, each accepts the chapter's own solution, names typical
 mistakes, says "not attempted yet" for the learner's stub, and reports bad input in one line.
 
 The solutions are read from the solved notebooks (the cells tagged ``solution``), so what the
@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attncircuits import handbuilt as hb
+from attncircuits import loss_fn
+from attncircuits import scores as S
 from attncircuits.circuits import full_ov_circuit, full_qk_circuit
 from attncircuits.exercises import ch01, ch02, ch03, ch04
 from attncircuits.exercises.make_learner import learner_notebook
@@ -24,6 +27,10 @@ CHAPTERS = {
     "02": "02_zero_layer.ipynb",
     "03": "03_one_layer_circuits.ipynb",
     "04": "04_skip_trigrams.ipynb",
+    "05": "05_two_layer_composition.ipynb",
+    "06": "06_induction_heads.ipynb",
+    "07": "07_why_two_layers.ipynb",
+    "08": "08_build_circuits_by_hand.ipynb",
 }
 
 
@@ -43,7 +50,7 @@ def _cells(nb, tag=None, startswith=None):
 def _run_exercises(nb) -> list[tuple[str, object]]:
     """Define every solution (or stub) of a notebook in one namespace, then run every check cell;
     returns (printed text, the check's return value) per check."""
-    ns = {"math": math, "torch": torch}
+    ns = {"math": math, "torch": torch, "S": S, "hb": hb, "loss_fn": loss_fn}
     for src in _cells(nb, tag="solution"):
         exec(compile(src, "<solution>", "exec"), ns)
     results = []
@@ -69,6 +76,17 @@ def test_the_notebooks_solutions_pass_their_checks(chapter):
     for out, value in results:
         assert value is True and out.startswith("✓") and "correct on" in out, out
         assert len(out.splitlines()) == 1 and len(out.rstrip("\n")) <= 79, out
+
+
+@pytest.mark.parametrize("chapter", [*sorted(CHAPTERS), "09"])
+def test_the_chapters_open_with_objectives_and_ask_questions(chapter):
+    name = CHAPTERS.get(chapter, "09_transformer_lens.ipynb")
+    nb = json.loads((ROOT / "notebooks" / name).read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    assert cells[1].startswith("**Learning objectives.**") and 3 <= cells[1].count("\n- ") <= 5, cells[1]
+    assert sum(s.startswith("**Check yourself.**") and "<summary>Answer</summary>" in s for s in cells) >= 2
+    assert any(f"notebooks/exercises/{name})" in s for s in cells)
+    assert sum(s.startswith("### Exercise") for s in cells) >= (2 if chapter == "09" else 4)
 
 
 @pytest.mark.parametrize("chapter", sorted(CHAPTERS))

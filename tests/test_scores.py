@@ -333,14 +333,6 @@ def test_k_composition_term_matches_the_dense_product(tiny_model):
     torch.testing.assert_close(writer_ov(m, [1]), (b0.W_V[1] @ b0.W_O[1]).detach())
 
 
-def test_k_composition_old_argument_order_still_works_and_warns(tiny_model):
-    from attncircuits.circuits.induction import k_composition_circuit, k_composition_qk_circuit
-
-    with pytest.warns(DeprecationWarning, match="layer first"):
-        old = k_composition_qk_circuit(tiny_model, 2, writers=[1])  # head before layer
-    torch.testing.assert_close(old.dense(), k_composition_circuit(tiny_model, 1, 2, writers=[1]).dense())
-
-
 def test_k_composition_bad_input(tiny_model):
     from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_circuit
 

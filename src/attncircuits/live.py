@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 
 from . import data
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from .plotting.base import MAX_WIDTH_IN
 from .pretrained import CORPUS_DIR, load_train_bigram_counts, load_validation_tokens, validation_windows
 from .train import PRESETS, TrainConfig, evaluate, make_batch, train
 
@@ -155,7 +156,7 @@ class LiveFigure:
 
     def __init__(self, steps: int, n_layers: int, min_redraw_s: float = 2.0):
         self.steps, self.n_layers, self.min_redraw_s = steps, n_layers, min_redraw_s
-        self.fig = plt.figure(figsize=(7.0, 5.2), layout="constrained")
+        self.fig = plt.figure(figsize=(MAX_WIDTH_IN, 5.2), layout="constrained")  # the column
         gs = self.fig.add_gridspec(3, 1, height_ratios=[0.25, 1, 1])
         self.ax_bar, self.ax_score = self.fig.add_subplot(gs[0]), self.fig.add_subplot(gs[1])
         self.ax_loss = self.fig.add_subplot(gs[2], sharex=self.ax_score)

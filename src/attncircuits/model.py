@@ -92,7 +92,7 @@ class Attention(nn.Module):
         b, n, d_model = resid.shape
         H, d_head = self.W_Q.shape[0], self.W_Q.shape[2]
         # Positions enter queries and keys only; values read the stream.
-        # all heads in one matmul: W [H, d_model, d_head] as [d_model, H*d_head]
+        # all heads in one matmul: each W as [d_model, H * d_head]
         qk_in = resid + pos[:n]
         q = (qk_in @ self.W_Q.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
         k = (qk_in @ self.W_K.transpose(0, 1).flatten(1)).view(b, n, H, d_head)

@@ -20,7 +20,6 @@ previous token is the layer-0 head's positional QK circuit (:func:`positional_qk
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,7 +36,6 @@ __all__ = [
     "InductionEigen",
     "induction_eigen_positivity",
     "k_composition_circuit",
-    "k_composition_qk_circuit",
     "writer_ov",
 ]
 
@@ -87,20 +85,6 @@ def _k_composition(model: AttnOnlyTransformer, h: slice | int, writers: list[int
         left = model.W_E @ blk.W_Q[h] / math.sqrt(model.cfg.d_head)
         right = (model.W_E @ ov0 @ blk.W_K[h]).transpose(-2, -1)
         return FactoredMatrix(left, right)
-
-
-def k_composition_qk_circuit(
-    model: AttnOnlyTransformer, head: int | None = None, writers: Sequence[int] | None = None, layer: int = 1
-) -> FactoredMatrix:
-    """Deprecated argument order (head before layer): use ``k_composition_circuit(model, layer, head,
-    writers)``, which takes the layer first like every other circuit function."""
-    warnings.warn(
-        "k_composition_qk_circuit(model, head, writers, layer) is deprecated; call "
-        "k_composition_circuit(model, layer, head, writers=...) instead (layer first)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return k_composition_circuit(model, layer, head, writers)
 
 
 @dataclass
