@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from attncircuits.exercises import make_learner
-from attncircuits.exercises.make_learner import STUB, generate, learner_notebook, stale, strip_solution
+from attncircuits.exercises.make_learner import LIVE_RUN, STUB, generate, learner_notebook, stale, strip_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,3 +85,15 @@ def test_check_mode_reports_a_stale_notebook(tmp_path, capsys):
     (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
     assert "09_x.ipynb is stale" in capsys.readouterr().out
+
+
+def test_the_live_run_is_tested_once_in_the_solved_chapter():
+    """Chapter 7's live training runs under nbval in the solved notebook only; the learner's copy
+    carries nbval-skip on exactly those cells, and nowhere else."""
+    name = "07_why_two_layers.ipynb"
+    solved = json.loads((ROOT / "notebooks" / name).read_text())
+    live = {c["id"] for c in solved["cells"] if LIVE_RUN in c["metadata"].get("tags", [])}
+    assert len(live) >= 5 and not any("nbval-skip" in c["metadata"].get("tags", []) for c in solved["cells"])
+    learner = learner_notebook(solved, name)
+    skipped = {c["id"] for c in learner["cells"] if "nbval-skip" in c["metadata"].get("tags", [])}
+    assert skipped == live

@@ -73,6 +73,12 @@ def strip_solution(source: str, where: str) -> str:
     return "\n".join(out)
 
 
+#: a tag for the cells of a live training run (chapter 7): ``make test`` runs them once, in the
+#: solved notebook, so the learner's copy gets nbval's ``nbval-skip`` on them (the run costs the
+#: same and proves nothing new a second time); in Jupyter and Colab they run as usual.
+LIVE_RUN = "live-run"
+
+
 def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict:
     """The learner's version of one solved notebook (a new dict; ``nb`` is left alone)."""
     nb = copy.deepcopy(nb)
@@ -90,6 +96,8 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
                 n_solutions += 1
             elif BEGIN in text:
                 raise ValueError(f"{where} has solution markers but no 'solution' tag")
+            if LIVE_RUN in tags:  # the same cells run, asserted, in the solved notebook's test
+                cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), "nbval-skip"]
             text = "\n".join(_CHECK_ASSERT.sub(r"\1", line) for line in text.split("\n"))
             cell["source"] = _lines(text)
             cell["outputs"] = []
