@@ -350,8 +350,6 @@ def targets() -> list[Target]:
                check=lambda r: isinstance(r, list)))
     add(Target("data.token_id", lambda s: data.token_id(tok(), s), {"s": token_strings(ids_ok=False, name="s")},
                check=lambda r: isinstance(r, int) and 0 <= r < 2048))
-    add(Target("data.check_token_ids", lambda ids: data.check_token_ids(ids, D_VOCAB),
-               {"ids": [v if "[2, 2]" not in v.label else Val(v.value, True, v.label) for v in token_stream(name="ids", empty_ok=True)]}))
     add(Target("data.tokenize_documents", lambda text: data.tokenize_documents(tok(), [("a.txt", "x = 1"), ("b.txt", text)]),
                {"text": texts()}, check=lambda r: r.dtype == np.uint16 and r.ndim == 1))
     add(Target("data.repeated_random_tokens",

@@ -245,11 +245,6 @@ def token_id(tokenizer, s: str) -> int:
     return validate.token(tokenizer, s, ids=False)
 
 
-def check_token_ids(ids: Sequence[int] | Tensor, d_vocab: int) -> None:
-    """Raise a clear error unless ``ids`` (any shape) are integer ids in ``[0, d_vocab)``."""
-    validate.token_ids(ids, d_vocab, "ids")
-
-
 # ----------------------------------------------------------------------------------------------
 # Batches
 # ----------------------------------------------------------------------------------------------
