@@ -88,6 +88,7 @@ def test_attention_cache_equals_ours(two_layer):
         torch.testing.assert_close(tl_cache["pattern", l], cache.pattern[l], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(tl_cache["attn_scores", l], cache.attn_scores[l], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(tl_cache["v", l], cache.v[l], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(tl_cache["z", l], cache.z[l], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(tl_cache["result", l], cache.head_out[l], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(tl_cache["resid_pre", l], cache.resid[l], atol=1e-4, rtol=1e-4)
 

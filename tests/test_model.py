@@ -155,3 +155,43 @@ def test_head_indices_are_ints_that_exist_and_never_wrap(tiny_model):
 def test_loss_fn_refuses_one_token_rows_instead_of_nan():
     with pytest.raises(ValueError, match="a next-token loss needs at least 2"):
         loss_fn(torch.zeros(2, 1, 10), torch.zeros(2, 1, dtype=torch.long))
+
+
+def test_large_logits_come_from_huge_pages_and_equal_the_plain_matmul():
+    """`_unembed` writes large logits into their own madvise'd memory: the same bits as ``@``, a
+    fresh tensor at every call (no buffer shared between calls), plain ``@`` under autograd."""
+    from attncircuits.model import HUGE_PAGE_MIN_BYTES, _unembed
+
+    resid, W_U = torch.randn(8, 128, 64), torch.randn(64, 2048)
+    assert resid.shape[0] * resid.shape[1] * W_U.shape[1] * 4 >= HUGE_PAGE_MIN_BYTES
+    with torch.no_grad():
+        a, b = _unembed(resid, W_U), _unembed(resid, W_U)
+    assert torch.equal(a, resid @ W_U) and torch.equal(a, b)
+    assert a.data_ptr() != b.data_ptr()
+    a.zero_()  # the caller owns it: writing to one leaves the other as it was
+    assert torch.equal(b, resid @ W_U)
+    W = W_U.clone().requires_grad_()
+    out = _unembed(resid, W)
+    out.sum().backward()  # autograd takes the plain path
+    torch.testing.assert_close(W.grad, resid.sum((0, 1))[:, None].expand(-1, 2048), atol=1e-3, rtol=1e-4)
+    small = _unembed(resid[:1, :2], W_U)
+    assert torch.equal(small, resid[:1, :2] @ W_U)
+
+
+def test_head_outputs_are_computed_from_z_with_the_weights_of_the_pass(tiny_model):
+    tokens = torch.randint(0, 50, (2, 12))
+    logits, cache = tiny_model.run_with_cache(tokens)
+    for layer, block in enumerate(tiny_model.blocks):
+        expected = torch.einsum("bqhd,hdm->bqhm", cache.z[layer], block.W_O)
+        torch.testing.assert_close(cache.head_out[layer], expected)
+        torch.testing.assert_close(cache.head_out[layer].sum(2), cache.resid[layer + 1] - cache.resid[layer])
+    _, cache = tiny_model.run_with_cache(tokens)
+    with torch.no_grad():
+        tiny_model.blocks[0].W_O.mul_(2)  # a later change of the weights ...
+    try:
+        expected = torch.einsum("bqhd,hdm->bqhm", cache.z[0], tiny_model.blocks[0].W_O / 2)
+        torch.testing.assert_close(cache.head_out[0], expected)  # ... is not in this pass's cache
+    finally:
+        with torch.no_grad():
+            tiny_model.blocks[0].W_O.div_(2)
+    assert cache.head_out[0] is cache.head_out[0]  # computed once

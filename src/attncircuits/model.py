@@ -14,6 +14,7 @@ Attention patterns are ``[batch, head, query_pos, key_pos]``.
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping
 
@@ -66,16 +67,73 @@ def sinusoidal_positions(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_mod
     return out
 
 
+# Outputs at least this large go to huge pages (see `_unembed`); 4 MiB is two 2 MiB pages.
+HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def _unembed(resid: Tensor, W_U: Tensor) -> Tensor:
+    """``resid @ W_U``, written into memory the kernel maps in 2 MiB pages where it can.
+
+    The logits are the largest tensor of a forward pass (32 x 128 x 2048 floats are 32 MiB), and
+    memory that large comes fresh from the kernel at every call: mapped 4 KiB at a time, it took
+    8,193 page faults, and the unembedding 36 ms where its arithmetic takes 25, on the CPU we
+    measured. Asked for transparent huge pages (Linux, ``madvise``), it takes 16 faults; the
+    values are the same matmul's, bit for bit. Elsewhere, with autograd recording, or on a GPU this
+    is the plain matmul. ``benchmarks/bench_transformer_lens.py`` measures the forward pass.
+    """
+    shape = (*resid.shape[:-1], W_U.shape[-1])
+    nbytes = math.prod(shape) * resid.element_size()
+    plain = (
+        nbytes < HUGE_PAGE_MIN_BYTES
+        or resid.device.type != "cpu"
+        or resid.dtype != W_U.dtype
+        or (torch.is_grad_enabled() and (resid.requires_grad or W_U.requires_grad))
+        or not hasattr(mmap, "MADV_HUGEPAGE")
+    )
+    if plain:
+        return resid @ W_U
+    try:
+        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # no huge pages in this kernel, or no memory: torch says which
+        return resid @ W_U
+    out = torch.frombuffer(buf, dtype=resid.dtype).view(shape)  # freed with the tensor
+    return torch.matmul(resid, W_U, out=out)
+
+
 @dataclass
 class ActivationCache:
     """What a forward pass saw. ``resid[l]`` is the residual stream before layer ``l``
-    (``resid[0]`` is the embedding, ``resid[-1]`` feeds the unembedding)."""
+    (``resid[0]`` is the embedding, ``resid[-1]`` feeds the unembedding). ``z[l]`` is each head's
+    pattern-weighted values before its ``W_O``; ``head_out[l]``, what each head writes, is
+    computed from ``z`` on first use (the forward pass itself needs only the heads' sum)."""
 
     resid: list[Float[Tensor, "batch pos d_model"]] = field(default_factory=list)
     attn_scores: list[Float[Tensor, "batch head q k"]] = field(default_factory=list)
     pattern: list[Float[Tensor, "batch head q k"]] = field(default_factory=list)
     v: list[Float[Tensor, "batch pos head d_head"]] = field(default_factory=list)
-    head_out: list[Float[Tensor, "batch pos head d_model"]] = field(default_factory=list)
+    z: list[Float[Tensor, "batch pos head d_head"]] = field(default_factory=list)
+    W_O: list[Float[Tensor, "head d_head d_model"]] = field(default_factory=list, repr=False)
+    _head_out: list[Tensor | None] = field(default_factory=list, repr=False)
+
+    def add_layer(self, scores, pattern, v, z, W_O, head_out=None) -> None:
+        """Keep one layer's activations; ``head_out`` None is computed from ``z`` when asked,
+        with a copy of ``W_O`` as it was in this pass (a later change of the weights stays out)."""
+        self.attn_scores.append(scores)
+        self.pattern.append(pattern)
+        self.v.append(v)
+        self.z.append(z)
+        self.W_O.append(W_O.clone())
+        self._head_out.append(head_out)
+
+    @property
+    def head_out(self) -> list[Float[Tensor, "batch pos head d_model"]]:
+        """Each layer's per-head outputs ``[batch, pos, head, d_model]`` (ablated ones as replaced)."""
+        for layer, out in enumerate(self._head_out):
+            if out is None:
+                z, W_O = self.z[layer], self.W_O[layer]
+                self._head_out[layer] = einsum(z, W_O, "b q h dh, h dh dm -> b q h dm")
+        return self._head_out
 
 
 class Attention(nn.Module):
@@ -86,7 +144,10 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
         self.W_V = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
         self.W_O = nn.Parameter(torch.randn(H, d, D) / math.sqrt(H * d))
-        self.register_buffer("mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)), persistent=False)
+        # causal mask as a bias: -inf where a key comes after its query
+        future = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1)
+        bias = torch.zeros(cfg.n_ctx, cfg.n_ctx).masked_fill(future, float("-inf"))
+        self.register_buffer("causal_bias", bias, persistent=False)
 
     def forward(self, resid, pos, cache, pattern_replace, out_replace):
         b, n, d_model = resid.shape
@@ -102,8 +163,8 @@ class Attention(nn.Module):
             # no pattern wanted: a fused kernel that never forms it
             z = F.scaled_dot_product_attention(q, k, v_h, is_causal=True)
         else:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(d_head)  # [b h q k]
-            scores = scores.masked_fill(~self.mask[:n, :n], float("-inf"))
+            scores = (q / math.sqrt(d_head)) @ k.transpose(-1, -2)  # [b h q k]
+            scores += self.causal_bias[:n, :n]  # -inf on keys after the query
             pattern = scores.softmax(dim=-1)
             if pattern_replace:  # frozen patterns: pattern-preserving ablation
                 pattern = pattern.clone()
@@ -112,22 +173,18 @@ class Attention(nn.Module):
                     pattern[:, h] = new[..., :n, :n]
             z = pattern @ v_h
         z = z.transpose(1, 2)  # [b q h dh]
-        if cache is None and not out_replace:
-            # the sum over heads inside one matmul
-            return z.flatten(2) @ self.W_O.flatten(0, 1)
-        head_out = einsum(z, self.W_O, "b q h dh, h dh dm -> b q h dm")
-        # zero ablation passes 0.0, mean ablation a mean, or any function
-        if out_replace:
-            head_out = head_out.clone()
+        head_out = None
+        if out_replace:  # zero ablation passes 0.0, a mean, or any function
+            head_out = einsum(z, self.W_O, "b q h dh, h dh dm -> b q h dm")
             for h, new in out_replace.items():
                 old = head_out[:, :, h]
                 head_out[:, :, h] = new(old) if callable(new) else new.to(old)
         if cache is not None:
-            cache.attn_scores.append(scores)
-            cache.pattern.append(pattern)
-            cache.v.append(v)
-            cache.head_out.append(head_out)
-        return head_out.sum(dim=2)
+            cache.add_layer(scores, pattern, v, z, self.W_O, head_out)
+        if head_out is not None:
+            return head_out.sum(dim=2)
+        # the sum over heads inside one matmul
+        return z.flatten(2) @ self.W_O.flatten(0, 1)
 
 
 class AttnOnlyTransformer(nn.Module):
@@ -190,7 +247,7 @@ class AttnOnlyTransformer(nn.Module):
             resid = resid + block(resid, self.W_pos, cache, per_layer_pat[layer], per_layer_out[layer])
         if cache is not None:
             cache.resid.append(resid)
-        logits = resid @ self.W_U
+        logits = _unembed(resid, self.W_U)
         return (logits, cache) if return_cache else logits
 
     @torch.no_grad()
