@@ -86,8 +86,9 @@ def test_threads_and_gradients_restored(small_streams):
         ({"batch_size": 10**6}, "use batch_size <= "),
         ({"n_layers": 0}, "no heads to score"),
         ({"eval_every": 100, "steps": 10}, "use eval_every <= 10"),
-        ({"repeat_frac": 0.8, "random_repeat_frac": 0.5}, "together at most 1"),
-        ({"steps": 0}, "at least 1"),
+        ({"repeat_frac": 0.8, "random_repeat_frac": 0.5}, "random_repeat_frac must be at most 1"),
+        ({"steps": 0}, r"steps must be a whole number >= 1 \(got 0\)"),
+        ({"batch_size": 0}, r"batch_size must be a whole number >= 1"),
     ],
 )
 def test_bad_input_is_refused_before_training(overrides, message):

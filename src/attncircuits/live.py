@@ -107,13 +107,9 @@ def check_live_config(model_cfg: AttnOnlyConfig, cfg: TrainConfig, memory_limit:
         )
     if model_cfg.d_vocab < 3:
         raise ValueError(f"d_vocab={model_cfg.d_vocab} is too small: random tokens need at least 3 ids")
-    if cfg.steps < 1 or cfg.eval_every < 1 or cfg.batch_size < 1:
-        raise ValueError(f"steps, eval_every and batch_size must be at least 1, got {cfg.steps}, {cfg.eval_every}, {cfg.batch_size}")
+    cfg.check()  # every training setting, as `make train` checks it
     if cfg.eval_every > cfg.steps:
         raise ValueError(f"eval_every={cfg.eval_every} is more than steps={cfg.steps}: the figure would get no point; use eval_every <= {cfg.steps}")
-    if not (0 <= cfg.repeat_frac and 0 <= cfg.random_repeat_frac and cfg.repeat_frac + cfg.random_repeat_frac <= 1):
-        raise ValueError(f"repeat_frac={cfg.repeat_frac} and random_repeat_frac={cfg.random_repeat_frac} are shares of "
-                         "a batch: each at least 0, together at most 1")
     limit = memory_limit_bytes() if memory_limit is None else memory_limit
     need = step_memory_bytes(model_cfg, cfg.batch_size)
     if need > limit:
