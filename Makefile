@@ -34,8 +34,17 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 # Warnings are errors: a failing cell, a broken reference or a missing figure fails the build.
 # Executed notebooks are cached in _build/.jupyter_cache, so a rebuild reruns only changed ones.
+# That cache knows a notebook's code, not the package it imports: when anything under src/ or a
+# pin changes (the hash in $(SRC_STAMP)), the cache goes and every page is rebuilt, so the book
+# never shows what older code printed.
+SRC_STAMP = _build/.src-sha256
 book: venv book-assets
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@h=$$(find src -type f -not -path '*/__pycache__/*' -print0 | sort -z \
+	  | xargs -0 cat requirements.txt pyproject.toml | sha256sum | cut -c1-16); \
+	all=; if [ "$$(cat $(SRC_STAMP) 2>/dev/null)" != "$$h" ]; then \
+	  echo "make book: the package changed since the last build; executing every notebook"; \
+	  rm -rf _build/.jupyter_cache; all=--all; fi; \
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going $$all && echo $$h > $(SRC_STAMP)
 
 book-assets: $(ASSETS_STAMP)
 
