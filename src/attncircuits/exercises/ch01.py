@@ -107,17 +107,24 @@ def check_head_output(head_output) -> bool:
         _head_case("attn-only-2l", 1, 0, "attn-only-2l head 1.0", "shipped"),
         _head_case(rnd, 1, 2, "a random model", "random", random_tokens(64, (2, 12), seed=4)),
     ]
-    mistakes = [
-        Diagnosis(
-            "positions reach the values too; in this model W_pos enters only the queries and keys",
-            lambda e, c: _head(*c.args, pos_in_values=True),
-        ),
-        Diagnosis("W_pos is missing: add it to the query and key inputs", lambda e, c: _head(*c.args, positions=False)),
-        Diagnosis("the scores are not divided by sqrt(d_head)", lambda e, c: _head(*c.args, scale=False)),
-        Diagnosis("the causal mask is missing: queries see later keys", lambda e, c: _head(*c.args, mask=False)),
+    mistakes = _head_mistakes(_head) + [
         Diagnosis("the softmax runs over the query axis, not over keys", lambda e, c: _head(*c.args, dim=-2)),
     ]
     return run_check(head_output, cases, diagnoses=mistakes, atol=1e-4, rtol=1e-3)
+
+
+def _head_mistakes(variant) -> list[Diagnosis]:
+    """The usual mistakes in one head's forward pass, each computed by ``variant(*case.args, **how)``
+    (``_head``'s keywords): chapter 1's head output and chapter 3's head term share them."""
+    return [
+        Diagnosis(
+            "positions reach the values too; in this model W_pos enters only the queries and keys",
+            lambda e, c: variant(*c.args, pos_in_values=True),
+        ),
+        Diagnosis("W_pos is missing: add it to the query and key inputs", lambda e, c: variant(*c.args, positions=False)),
+        Diagnosis("the scores are not divided by sqrt(d_head)", lambda e, c: variant(*c.args, scale=False)),
+        Diagnosis("the causal mask is missing: queries see later keys", lambda e, c: variant(*c.args, mask=False)),
+    ]
 
 
 # ---- Exercise 1.3 --------------------------------------------------------------------------------

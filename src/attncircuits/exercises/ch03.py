@@ -17,7 +17,7 @@ from ..circuits.factored import full_ov_circuit, full_qk_circuit, mean_attention
 from ..circuits.paths import path_expansion
 from ..pretrained import validation_windows
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
-from .ch01 import _head
+from .ch01 import _head, _head_mistakes
 
 __all__ = [
     "check_direct_path_logits",
@@ -58,14 +58,7 @@ def _head_term(model, tokens, head, **kw):
 def check_head_logit_term(head_logit_term) -> bool:
     """``head_logit_term(model, tokens, head)`` -> head ``0.head``'s term of the logits,
     ``[batch, pos, d_vocab]``."""
-    mistakes = [
-        Diagnosis(
-            "positions reach the values too; W_pos enters only the queries and keys",
-            lambda e, c: _head_term(*c.args, pos_in_values=True),
-        ),
-        Diagnosis("W_pos is missing from the queries and keys", lambda e, c: _head_term(*c.args, positions=False)),
-        Diagnosis("the scores are not divided by sqrt(d_head)", lambda e, c: _head_term(*c.args, scale=False)),
-        Diagnosis("the causal mask is missing: queries see later keys", lambda e, c: _head_term(*c.args, mask=False)),
+    mistakes = _head_mistakes(_head_term) + [
         Diagnosis(
             "this is the head's output in the residual stream; multiply by W_U to get logits",
             applies=lambda g, e, c: g.shape[-1] == c.args[0].cfg.d_model,
