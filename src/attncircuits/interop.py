@@ -39,7 +39,9 @@ __all__ = [
     "induction_stripe_scores",
     "ov_copying_scores",
     "to_transformer_lens",
+    "require_transformer_lens",
     "transformer_lens_version",
+    "wrap_tokenizer",
     "zero_head_hook",
 ]
 
@@ -73,7 +75,13 @@ def _transformer_lens():
     return transformer_lens
 
 
-def _wrap_tokenizer(tokenizer):
+def require_transformer_lens():
+    """The ``transformer_lens`` module, or an ImportError naming the install command (see
+    :func:`transformer_lens_version`)."""
+    return _transformer_lens()
+
+
+def wrap_tokenizer(tokenizer):
     """A Hugging Face fast tokenizer around our ``tokenizers.Tokenizer``, for TransformerLens's
     string methods (``to_tokens``, ``to_str_tokens``). No BOS token is declared, so TransformerLens
     does not try to reload the tokenizer from the Hub; it then uses ``<|endoftext|>`` (token 0) as
@@ -114,7 +122,7 @@ def to_transformer_lens(
     with warnings.catch_warnings():
         # 3.x warns that HookedTransformer goes away in 4.0: the reason the extra is pinned below 4
         warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
-        tl_model = tl.HookedTransformer(cfg, tokenizer=_wrap_tokenizer(tokenizer) if tokenizer is not None else None)
+        tl_model = tl.HookedTransformer(cfg, tokenizer=wrap_tokenizer(tokenizer) if tokenizer is not None else None)
     state = tl_model.state_dict()
     ours = {"embed.W_E": model.W_E, "pos_embed.W_pos": model.W_pos, "unembed.W_U": model.W_U}
     for l, block in enumerate(model.blocks):

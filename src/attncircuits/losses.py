@@ -206,8 +206,11 @@ def loss_at_positions(
 def _loss_at_positions(model, tokens: Tensor, pos: Tensor, chunk: int = 64) -> Tensor:
     total = torch.zeros(len(pos))
     for rows in tokens.split(chunk):
-        _, cache = model.run_with_cache(rows)
-        logp = (cache.resid[-1][:, pos - 1] @ model.W_U).log_softmax(-1)  # [batch, k, d_vocab]
+        if isinstance(model, AttnOnlyTransformer):  # unembed only the positions scored
+            _, cache = model.run_with_cache(rows)
+            logp = (cache.resid[-1][:, pos - 1] @ model.W_U).log_softmax(-1)  # [batch, k, d_vocab]
+        else:  # chapter 10's HookedTransformer (LayerNorm before the unembedding)
+            logp = model(rows)[:, pos - 1].log_softmax(-1)
         total += -logp.gather(-1, rows[:, pos, None])[..., 0].sum(0).cpu()
     return total / tokens.shape[0]
 

@@ -30,12 +30,15 @@ from safetensors.numpy import load_file as np_load_file
 from safetensors.numpy import save_file as np_save_file
 from safetensors.torch import load_file, save_file
 
+from . import hooked
 from .data import load_tokenizer
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 CORPUS_DIR = PRETRAINED_DIR / "corpus"
 MODEL_NAMES = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
+#: chapter 10's model: LayerNorm and MLPs, a TransformerLens HookedTransformer (the ``tl`` extra)
+DEEPER_MODEL_NAMES = ("ln-mlp-4l",)
 
 
 def sha256(path: Path) -> str:
@@ -150,7 +153,10 @@ def partial_dir(directory: Path) -> Path:
 
 
 def state_dict_for_save(model: AttnOnlyTransformer, dtype=torch.float16) -> dict:
-    return {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    """What a checkpoint stores: the model's state, or for chapter 10's model its parameters (its
+    causal-mask buffers are rebuilt from the config)."""
+    sd = model.state_dict() if isinstance(model, AttnOnlyTransformer) else hooked.weights(model)
+    return {k: v.detach().to("cpu", dtype).contiguous() for k, v in sd.items()}
 
 
 def save_checkpoint(
@@ -180,7 +186,7 @@ def save_checkpoint(
     try:
         (tmp / "snapshots").mkdir(exist_ok=True)
         save_weights(state_dict_for_save(model, dtype), tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps({"model": model.cfg.to_dict(), **(meta or {})}, indent=1) + "\n")
+        (tmp / "config.json").write_text(json.dumps({"model": hooked.config_of(model).to_dict(), **(meta or {})}, indent=1) + "\n")
         if Path(tokenizer_path).resolve() != (tmp / "tokenizer.json").resolve():
             shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         if history is not None:
@@ -222,7 +228,7 @@ class Checkpoint:
         if not (self.directory / rel).is_file():
             raise FileNotFoundError(f"no snapshot at step {step}; available steps: {self.snapshot_steps}")
         path = verify_file(self.directory, rel) if self.verified else self.directory / rel
-        return _build(self.model.cfg, path, self.model.W_E.device)
+        return _build(hooked.config_of(self.model), path, self.model.W_E.device)
 
 
 def _build(cfg: AttnOnlyConfig, weights: Path, device) -> AttnOnlyTransformer:
@@ -230,8 +236,8 @@ def _build(cfg: AttnOnlyConfig, weights: Path, device) -> AttnOnlyTransformer:
         sd = load_file(weights)
     except Exception as err:
         raise ValueError(f"{weights} is not a readable safetensors file ({err}); restore it from git or retrain") from err
-    model = AttnOnlyTransformer(cfg)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    model = hooked.build_model(cfg)
+    expected = {k: tuple(v.shape) for k, v in state_dict_for_save(model).items()}
     got = {k: tuple(v.shape) for k, v in sd.items()}
     if expected != got:
         diff = {k: (expected.get(k), got.get(k)) for k in set(expected) | set(got) if expected.get(k) != got.get(k)}
@@ -239,7 +245,7 @@ def _build(cfg: AttnOnlyConfig, weights: Path, device) -> AttnOnlyTransformer:
     bad = [k for k, v in sd.items() if not torch.isfinite(v).all()]
     if bad:
         raise ValueError(f"{weights} holds NaN or infinite weights ({', '.join(bad)}); restore it from git or retrain")
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    model.load_state_dict({**model.state_dict(), **{k: v.float() for k, v in sd.items()}})
     return model.to(device).eval()
 
 
@@ -255,7 +261,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
         raise FileNotFoundError(f"{cfg_path} is missing; restore it from git or retrain")
     try:
         config = json.loads(cfg_path.read_text())
-        model_cfg = AttnOnlyConfig.from_dict(config["model"])
+        model_cfg = hooked.model_config(config["model"])
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{cfg_path} is corrupt ({err!r}); restore it from git or retrain") from None
     model = _build(model_cfg, directory / "model.safetensors", device)
@@ -268,9 +274,9 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
 
 
 def load_pretrained(name: str, device: str | torch.device = "cpu") -> Checkpoint:
-    """Load a shipped model: ``attn-only-0l``, ``attn-only-1l`` or ``attn-only-2l``."""
-    if name not in MODEL_NAMES:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
+    """Load a shipped model: ``attn-only-0l``, ``attn-only-1l``, ``attn-only-2l`` or chapter 10's ``ln-mlp-4l``."""
+    if name not in MODEL_NAMES + DEEPER_MODEL_NAMES:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES + DEEPER_MODEL_NAMES)}")
     directory = PRETRAINED_DIR / name
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is missing; train the shipped models with `make train`")

@@ -32,6 +32,9 @@ SCORES = ("previous_token", "prefix_matching", "copying")
 
 
 def _patterns(model: AttnOnlyTransformer, tokens: Tensor, **forward_kwargs) -> Float[Tensor, "layer batch head q k"]:
+    if not isinstance(model, AttnOnlyTransformer) and not forward_kwargs:  # chapter 10's HookedTransformer
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
+        return torch.stack([cache["pattern", layer] for layer in range(model.cfg.n_layers)])
     _, cache = model.run_with_cache(tokens, **forward_kwargs)
     return torch.stack(cache.pattern)
 
@@ -142,14 +145,19 @@ def copying_scores(
     out = torch.empty(model.cfg.n_layers, model.cfg.n_heads)
     for layer, block in enumerate(model.blocks):
         v = cache.v[layer][:, 1:].flatten(0, 1)  # [n, head, d_head]
-        logits = einsum(v, block.W_O, model.W_U, "n h dh, h dh dm, dm vocab -> n h vocab")
-        logits = logits - logits.mean(-1, keepdim=True)
-        up, down = logits.clamp(min=0), (-logits).clamp(min=0)
-        idx = src[:, None, None].expand(-1, logits.shape[1], 1)
-        eps = torch.finfo(logits.dtype).tiny
-        score = up.gather(-1, idx)[..., 0] / up.amax(-1).clamp(min=eps) - down.gather(-1, idx)[..., 0] / down.amax(-1).clamp(min=eps)
-        out[layer] = score.mean(0).cpu()
+        out[layer] = copying_score_of_logits(einsum(v, block.W_O, model.W_U, "n h dh, h dh dm, dm vocab -> n h vocab"), src)
     return out
+
+
+def copying_score_of_logits(logits: Float[Tensor, "n head vocab"], src: Int[Tensor, " n"]) -> Float[Tensor, " head"]:
+    """The copying score (see :func:`copying_scores`) of every head from its direct logit effects
+    ``logits[i]`` when attending to source token ``src[i]``."""
+    logits = logits - logits.mean(-1, keepdim=True)
+    up, down = logits.clamp(min=0), (-logits).clamp(min=0)
+    idx = src[:, None, None].expand(-1, logits.shape[1], 1)
+    eps = torch.finfo(logits.dtype).tiny
+    score = up.gather(-1, idx)[..., 0] / up.amax(-1).clamp(min=eps) - down.gather(-1, idx)[..., 0] / down.amax(-1).clamp(min=eps)
+    return score.mean(0).cpu()
 
 
 @dataclass

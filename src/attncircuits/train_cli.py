@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from . import data
-from .model import AttnOnlyConfig
+from .hooked import model_config
 from .pretrained import (
     CORPUS_DIR, PARTIAL_MARKER, PRETRAINED_DIR, RESUME_SUBDIR, check_replaceable, partial_dir, save_checkpoint,
     save_weights, sha256, verify_manifest, write_manifest,
@@ -216,7 +216,7 @@ def run(args) -> Path:
     try:
         tr, va, tok_path = corpus_and_tokenizer(args, tmp)
         model_kw = {**model_kw, "d_vocab": data.load_tokenizer(tok_path).get_vocab_size()}
-        model_cfg = AttnOnlyConfig(**model_kw)
+        model_cfg = model_config(model_kw)
         for name, tokens in (("training", tr), ("validation", va)):
             if len(tokens) < model_cfg.n_ctx:
                 raise Refused(f"the {name} split has {len(tokens)} tokens, fewer than the context of "

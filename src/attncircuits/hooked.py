@@ -1,0 +1,108 @@
+"""Chapter 10's model: a TransformerLens ``HookedTransformer`` with the parts the course left out.
+
+Pre-LayerNorm residual blocks, each an attention layer and a GELU MLP, four of them, with the same
+tokenizer, corpus and context as the attention-only models. It is trained by the course's own loop
+(:func:`attncircuits.train.train`, preset ``ln-mlp-4l``) and saved and loaded like the others
+(:mod:`attncircuits.pretrained`); TransformerLens gives the hooks, ``fold_ln`` and the head
+detector. TransformerLens is the optional ``tl`` extra: without it, building the model names the
+install command (the same message as chapter 9). The chapter's measures on it are in
+:mod:`attncircuits.deeper`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .interop import require_transformer_lens
+from .model import AttnOnlyConfig, AttnOnlyTransformer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformer_lens import HookedTransformer
+
+#: the ``architecture`` value a checkpoint's config.json carries for this model
+ARCHITECTURE = "hooked-ln-mlp"
+
+
+@dataclass
+class HookedConfig:
+    """The shape of a pre-LayerNorm transformer with MLPs (TransformerLens names)."""
+
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    d_head: int = 32
+    d_mlp: int = 512
+    n_ctx: int = 128
+    d_vocab: int = 2048
+    act_fn: str = "gelu"
+    normalization_type: str = "LN"
+
+    def __post_init__(self):
+        for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", "d_vocab"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"HookedConfig.{name} must be a whole number >= 1, got {v!r}")
+        if self.act_fn not in ("gelu", "relu", "gelu_new"):
+            raise ValueError(f"HookedConfig.act_fn must be 'gelu', 'gelu_new' or 'relu', got {self.act_fn!r}")
+        if self.normalization_type not in ("LN", "LNPre"):
+            raise ValueError(f"HookedConfig.normalization_type must be 'LN' or 'LNPre', got {self.normalization_type!r}")
+
+    def to_dict(self) -> dict:
+        return {"architecture": ARCHITECTURE, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "HookedConfig":
+        if d.get("architecture") != ARCHITECTURE:
+            raise ValueError(f"not a {ARCHITECTURE} config (architecture={d.get('architecture')!r})")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known - {"architecture"})
+        if unknown:
+            raise ValueError(f"unknown HookedConfig fields {unknown}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def tl_config(self):
+        """The ``HookedTransformerConfig`` of this shape (learned positions added to the residual)."""
+        tl = require_transformer_lens()
+        return tl.HookedTransformerConfig(
+            **asdict(self), positional_embedding_type="standard", default_prepend_bos=False,
+            original_architecture=ARCHITECTURE,
+        )
+
+    def build(self) -> "HookedTransformer":
+        """A freshly initialised model (seeded by ``torch.manual_seed``, as the training loop does)."""
+        tl = require_transformer_lens()
+        return tl.HookedTransformer(self.tl_config())
+
+
+def is_hooked(model) -> bool:
+    """True for chapter 10's model (any TransformerLens ``HookedTransformer``)."""
+    return hasattr(model, "run_with_hooks") and hasattr(model, "blocks") and hasattr(model.cfg, "normalization_type")
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    """The learned parameters by name: what a checkpoint stores (not the causal-mask buffers)."""
+    return dict(model.named_parameters())
+
+
+def model_config(d: Mapping) -> AttnOnlyConfig | HookedConfig:
+    """The config that settings ``d`` (a preset's, or a checkpoint's config.json) describe:
+    attention-only unless they name another architecture."""
+    if d.get("architecture") is not None:
+        return HookedConfig.from_dict(d)
+    return AttnOnlyConfig.from_dict(d)
+
+
+def build_model(cfg: AttnOnlyConfig | HookedConfig) -> torch.nn.Module:
+    """A freshly initialised model of either kind."""
+    return cfg.build() if isinstance(cfg, HookedConfig) else AttnOnlyTransformer(cfg)
+
+
+def config_of(model) -> AttnOnlyConfig | HookedConfig:
+    """The course config of a model of either kind (what its checkpoint's config.json holds)."""
+    if isinstance(model, AttnOnlyTransformer):
+        return model.cfg
+    return HookedConfig(**{name: getattr(model.cfg, name) for name in HookedConfig.__dataclass_fields__})
