@@ -114,7 +114,8 @@ test: venv
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; exit 1; fi; \
 	echo "make test: every stage passed"
 
-# Retrain the shipped tokenizer, corpus files and the three models (about 40 min on 2 CPU cores).
+# Retrain the shipped tokenizer, corpus files and the three attention-only models (about 40 min on
+# 2 CPU cores), then chapter 10's model with LayerNorm and MLPs (about 40 min more).
 # On the machine that trained them a rerun is bit-identical; on another CPU the first evaluations
 # agree within the tolerance tests/test_shipped_models.py states (see README). Ctrl-C keeps the
 # progress: rerun the interrupted line with --resume added to continue it.
@@ -122,6 +123,7 @@ train: venv
 	cd src && ../$(PY) -m attncircuits.train --prepare-corpus --preset attn-only-0l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-1l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-2l --threads 1 --overwrite
+	cd src && ../$(PY) -m attncircuits.train --preset ln-mlp-4l --threads 1 --overwrite
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv
