@@ -4,7 +4,7 @@ Where :mod:`attncircuits.scores` scores each head by where it attends, this modu
 
 - per position on random tokens repeated (:func:`repeated_tokens`), first copy vs later copies;
 - the in-context-learning score (late-token loss minus early-token loss, Olsson et al. 2022);
-- ablations: zero ablation and Olsson's pattern-preserving ablation of chosen heads.
+- ablations: zero, mean and Olsson's pattern-preserving ablation of chosen heads.
 
 Random repeated tokens are the clean test of in-context learning: nothing but an earlier copy can
 predict a token of a later copy, so any loss that falls on the second copy was learned in context.
@@ -37,6 +37,7 @@ __all__ = [
     "icl_scores_per_row",
     "in_context_learning_score",
     "loss_at_positions",
+    "mean_ablation",
     "max_repeat_len",
     "pattern_preserving_ablation",
     "per_position_loss",
@@ -263,6 +264,16 @@ def zero_ablation(model: AttnOnlyTransformer, heads: Head | Iterable[Head]) -> d
     Downstream heads then see a residual stream without these heads, so their attention patterns can
     change too (a previous-token head's removal changes what an induction head's keys say)."""
     return {"ablate": {h: 0.0 for h in validate.heads(model, heads)}}
+
+
+@torch.no_grad()
+def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], heads: Head | Iterable[Head]) -> dict:
+    """Forward keyword arguments that replace each head's output by its mean over the batch and
+    the positions of ``tokens`` (a ``[d_model]`` vector): what the head writes on average stays,
+    what it writes *about this input* goes."""
+    heads = validate.heads(model, heads)
+    _, cache = model.run_with_cache(validate.tokens(model, tokens))
+    return {"ablate": {(l, h): cache.head_out[l][:, :, h].mean((0, 1)) for l, h in heads}}
 
 
 @torch.no_grad()

@@ -1,51 +1,25 @@
 """Checks for chapter 7, why two layers: the in-context-learning score, the loss per copy of a
 repeated sequence, smeared keys, and per-head direct logit attribution.
 
-``logit_attribution`` is the package's reference for the last one (the chapter's later cells use
-it): the logit of the next token split exactly into the direct path and one term per head.
+The reference for the last one is :func:`attncircuits.scores.logit_attribution` (the chapter's
+later cells use it): the logit of the next token split exactly into the direct path and one term
+per head.
 """
 
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 
 from .. import scores, smeared
-from ..heads import head_name
-from ..model import AttnOnlyTransformer
+from ..scores import logit_attribution
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
 __all__ = [
-    "attribution_labels",
     "check_copy_losses",
     "check_icl_score",
     "check_logit_attribution",
     "check_smear_scores",
-    "logit_attribution",
 ]
-
-
-# ---- references -----------------------------------------------------------------------------------
-def attribution_labels(model: AttnOnlyTransformer) -> list[str]:
-    """The names of the terms of :func:`logit_attribution`: ``direct``, then ``L0H0``, ``L0H1``, ..."""
-    heads = [head_name(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    return ["direct"] + heads
-
-
-@torch.no_grad()
-def logit_attribution(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
-) -> Float[Tensor, "batch target term"]:
-    """Each term's share of the logit of the *next* token, at every position but the last: the
-    direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
-    With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
-    tokens = model.check_tokens(tokens)
-    _, cache = model.run_with_cache(tokens)
-    W_U = model.W_U[:, tokens[:, 1:]]  # [d_model, batch, target]: the next token's unembedding
-    parts = [model.W_E[tokens][:, :-1, None]] + [out[:, :-1] for out in cache.head_out]
-    resid = torch.cat(parts, dim=2)  # [batch, target, term, d_model]
-    return torch.einsum("btsd,dbt->bts", resid, W_U)
 
 
 def _icl(nll, late, early):

@@ -14,6 +14,7 @@ from torch import Tensor
 from .. import handbuilt, scores
 from ..circuits import mean_attention_by_offset
 from ..handbuilt import Layout
+from ..scores import two_back_accuracy
 from ._core import Case, random_tokens, run_check
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "check_induction_qk",
     "check_previous_token_qk",
     "check_two_back_model",
-    "two_back_accuracy",
 ]
 
 PREV_TARGET = 0.95  # previous-token score a hand-built previous-token head must reach
@@ -120,13 +120,6 @@ def check_copy_ov(fn) -> bool:
 
 
 # ---- 8.3 the virtual head that looks two tokens back ----------------------------------------------
-@torch.no_grad()
-def two_back_accuracy(model, tokens: Tensor, back: int = 2) -> float:
-    """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
-    logits = model(tokens)
-    return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
-
-
 def _compare_two_back(got, expected, case) -> str | None:
     if not hasattr(got, "blocks") or not callable(got):
         return f"return the model (an AttnOnlyTransformer), got a {type(got).__name__}"
