@@ -11,6 +11,7 @@ from einops import einsum
 
 from attncircuits import handbuilt as hb
 from attncircuits import loss_fn, smeared
+from attncircuits import losses
 from attncircuits import scores as S
 from attncircuits.circuits.induction import ov_copying_accuracy
 from attncircuits.exercises import ch05, ch06, ch07, ch08
@@ -142,7 +143,7 @@ def test_find_induction_heads(capsys):
         return [(l, h) for l, h in (pm > 0.3).nonzero().tolist()]
 
     def by_prev(model):
-        pt = S.previous_token_scores(model, S.repeated_tokens(model, batch_size=4))
+        pt = S.previous_token_scores(model, losses.repeated_tokens(model, batch_size=4))
         return [(l, h) for l, h in (pt > 0.3).nonzero().tolist()]
 
     accepts(check, find, capsys)
@@ -239,7 +240,7 @@ def test_logit_attribution(capsys):
 
 def test_logit_attribution_sums_to_the_logits():
     m = ch07.shipped("attn-only-2l").model
-    toks = S.repeated_tokens(m, 20, batch_size=2)
+    toks = losses.repeated_tokens(m, 20, batch_size=2)
     parts = logit_attribution(m, toks)
     with torch.no_grad():
         logit = m(toks)[:, :-1].gather(-1, toks[:, 1:, None])[..., 0]
@@ -302,10 +303,10 @@ def test_handbuilt_models_meet_their_targets():
     assert two_back_accuracy(hb.two_back_model(layout), toks, 2) > 0.99
     induction = hb.induction_model(layout)
     assert S.prefix_matching_scores(induction)[1, 0] >= ch08.PREFIX_TARGET
-    loss = S.repeated_token_loss(induction)
+    loss = losses.repeated_token_loss(induction)
     assert loss.second < 0.25 * loss.first, loss
     # K-composition: without the previous-token head the induction head cannot find its keys
-    assert S.prefix_matching_scores(induction, **S.zero_ablation(induction, (0, 0)))[1, 0] < 0.1
+    assert S.prefix_matching_scores(induction, **losses.zero_ablation(induction, (0, 0)))[1, 0] < 0.1
 
 
 def test_handbuilt_errors_name_the_fix():

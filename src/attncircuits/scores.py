@@ -8,7 +8,7 @@ Where ``circuits`` reads weights, this module runs forward passes:
 - repeats in real text, and the phase change in a training history.
 
 The loss-based measures (loss on repeated tokens, the in-context-learning score, ablations) live
-in :mod:`attncircuits.losses`; their names are importable from here too, as the chapters do.
+in :mod:`attncircuits.losses`, and the chapters import them from there.
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from . import validate
-from .data import _repeated_rows
-from .losses import *  # noqa: F401,F403  (the names in losses.__all__: the chapters import them from here)
-from .losses import _repeat_args
+from .data import repeated_rows
 from .circuits.paths import next_token_contributions
 from .heads import Head, head_name
 from .model import ActivationCache, AttnOnlyTransformer
-from .validate import heads as as_heads  # noqa: F401  (a (layer, head) pair or a list of them, checked)
 
 SCORES = ("previous_token", "prefix_matching", "copying")
 
@@ -103,9 +100,9 @@ def prefix_matching_scores(
     """
     validate.depth(model, "attention heads to score")
     why = "prefix matching is measured on the later copies"
-    seq_len, n_repeats, batch_size = _repeat_args(model, seq_len, n_repeats, batch_size, min_repeats=2, why=why)
+    seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size, min_repeats=2, why=why)
     if tokens is None:
-        tokens = _repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
+        tokens = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
     tokens = validate.tokens(model, tokens)
     if tokens.shape[1] != 1 + seq_len * n_repeats:
         raise ValueError(
@@ -136,8 +133,8 @@ def copying_scores(
     whose output does not single ``t`` out. Heads get the mean over source tokens.
     """
     validate.depth(model, "attention heads to score")
-    seq_len, _, batch_size = _repeat_args(model, seq_len, 1, batch_size)
-    toks = _repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed)
+    seq_len, _, batch_size = validate.repeat_args(model, seq_len, 1, batch_size)
+    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed)
     _, cache = model.run_with_cache(toks)
     src = toks[:, 1:].flatten()  # the random tokens (the start token is left out)
     out = torch.empty(model.cfg.n_layers, model.cfg.n_heads)

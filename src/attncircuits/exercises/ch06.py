@@ -15,7 +15,7 @@ import torch
 from einops import einsum
 from torch import Tensor
 
-from .. import handbuilt, scores
+from .. import handbuilt, losses, scores
 from ..circuits.induction import ov_copying_accuracy
 from ..losses import mean_ablation
 from ..model import AttnOnlyTransformer
@@ -102,10 +102,10 @@ def check_prefix_matching_score(fn) -> bool:
     cases = []
     for name, layer, kind in (("attn-only-2l", 1, "shipped"), ("attn-only-1l", 0, "shipped")):
         m = shipped(name).model
-        toks = scores.repeated_tokens(m, 25, 4, batch_size=8)
+        toks = losses.repeated_tokens(m, 25, 4, batch_size=8)
         cases.append(Case(f"{name} layer {layer}, 25 tokens x 4", (_pattern(m, toks, layer), toks, 25), kind=kind))
     rnd = _two_layer()
-    toks = scores.repeated_tokens(rnd, 20, 3, batch_size=4, seed=1)
+    toks = losses.repeated_tokens(rnd, 20, 3, batch_size=4, seed=1)
     cases.append(Case("a random 2-layer model, 20 tokens x 3", (_pattern(rnd, toks, 1), toks, 20), kind="random"))
     return run_check(
         fn,
@@ -149,16 +149,16 @@ def check_find_induction_heads(fn) -> bool:
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
 def _ablated(model, tokens, head, mode):
     if mode == "zero":
-        return scores.ablated_loss(model, tokens, head, "zero")
-    return scores.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
+        return losses.ablated_loss(model, tokens, head, "zero")
+    return losses.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
 
 
 def check_ablated_loss(fn) -> bool:
     """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
     m = shipped("attn-only-2l").model
-    toks = scores.repeated_tokens(m, 30, batch_size=2)
+    toks = losses.repeated_tokens(m, 30, batch_size=2)
     rnd = _two_layer()
-    rtoks = scores.repeated_tokens(rnd, 20, batch_size=2)
+    rtoks = losses.repeated_tokens(rnd, 20, batch_size=2)
     cases = [
         Case("attn-only-2l, head (0, 1), zero ablation", (m, toks, (0, 1), "zero")),
         Case("attn-only-2l, head (1, 2), mean ablation", (m, toks, (1, 2), "mean")),
@@ -170,7 +170,7 @@ def check_ablated_loss(fn) -> bool:
         return _ablated(m, t, h, "mean" if mode == "zero" else "zero")
 
     def increase(e, c):
-        return e - scores.per_token_loss(c.args[0], c.args[1]).mean().item()
+        return e - losses.per_token_loss(c.args[0], c.args[1]).mean().item()
 
     def swapped(e, c):
         m, t, h, mode = c.args
@@ -182,7 +182,7 @@ def check_ablated_loss(fn) -> bool:
             return None
         _, cache = m.run_with_cache(t)
         mean = cache.head_out[h[0]][:, :, h[1]].mean(0)  # [pos, d_model]: still says where it is
-        return scores.per_token_loss(m, t, ablate={h: mean}).mean().item()
+        return losses.per_token_loss(m, t, ablate={h: mean}).mean().item()
 
     return run_check(
         fn,
@@ -212,8 +212,8 @@ def check_qk_score_terms(fn) -> bool:
     sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
     cases = [
-        Case("a random 2-layer model, head 1.1", (rnd, scores.repeated_tokens(rnd, 10, batch_size=2), 1), kind="random"),
-        Case("attn-only-2l, head 1.1", (m2, scores.repeated_tokens(m2, 10, batch_size=2), 1)),
+        Case("a random 2-layer model, head 1.1", (rnd, losses.repeated_tokens(rnd, 10, batch_size=2), 1), kind="random"),
+        Case("attn-only-2l, head 1.1", (m2, losses.repeated_tokens(m2, 10, batch_size=2), 1)),
     ]
     return run_check(
         fn,

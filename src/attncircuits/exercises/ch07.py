@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import scores, smeared
+from .. import losses, smeared
 from ..scores import logit_attribution
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
@@ -27,7 +27,7 @@ def _icl(nll, late, early):
 
 
 def _copy_means(loss, seq_len, n_repeats):
-    return scores.RepeatedLossCurve(loss, seq_len, n_repeats).copy_means()
+    return losses.RepeatedLossCurve(loss, seq_len, n_repeats).copy_means()
 
 
 # ---- 7.1 the in-context-learning score ------------------------------------------------------------
@@ -37,7 +37,7 @@ def check_icl_score(fn) -> bool:
     from ..pretrained import validation_windows
 
     text = validation_windows(n_ctx=m1.cfg.n_ctx)[:16]
-    nll = scores.per_token_loss(m1, text)
+    nll = losses.per_token_loss(m1, text)
     noise = torch.rand(8, 40, generator=torch.Generator().manual_seed(0)) * 5
     cases = [
         Case("attn-only-1l on 16 windows, tokens 125 vs 12", (nll, 125, 12)),
@@ -60,7 +60,7 @@ def check_copy_losses(fn) -> bool:
     """``copy_losses(loss [target], seq_len, n_repeats) -> list[float]``: the mean loss of each copy,
     its first target left out."""
     m2 = shipped("attn-only-2l").model
-    curve = scores.repeated_loss_curve(m2, 25, 4, batch_size=4)
+    curve = losses.repeated_loss_curve(m2, 25, 4, batch_size=4)
     noise = torch.rand(3 * 7, generator=torch.Generator().manual_seed(1))
     cases = [
         Case("attn-only-2l, 25 tokens x 4", (curve.loss, 25, 4)),
@@ -92,7 +92,7 @@ def check_copy_losses(fn) -> bool:
 def check_smear_scores(fn) -> bool:
     """``smear_scores(scores [batch, head, q, k], weight [head]) -> same shape``."""
     m1 = shipped("attn-only-1l").model
-    toks = scores.repeated_tokens(m1, 10, batch_size=2)
+    toks = losses.repeated_tokens(m1, 10, batch_size=2)
     real = m1.run_with_cache(toks)[1].attn_scores[0]
     rnd = random_model(n_layers=1, seed=3)
     rs = rnd.run_with_cache(random_tokens(rnd.cfg.d_vocab, (2, 12)))[1].attn_scores[0]
@@ -132,7 +132,7 @@ def check_logit_attribution(fn) -> bool:
     m2, rnd = shipped("attn-only-2l").model, random_model(n_layers=2, seed=4)
     cases = [
         Case("a random 2-layer model", (rnd, random_tokens(rnd.cfg.d_vocab, (2, 12))), kind="random"),
-        Case("attn-only-2l, random tokens repeated", (m2, scores.repeated_tokens(m2, 20, batch_size=2))),
+        Case("attn-only-2l, random tokens repeated", (m2, losses.repeated_tokens(m2, 20, batch_size=2))),
     ]
 
     def current_token(e, c):

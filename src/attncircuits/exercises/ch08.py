@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import handbuilt, scores
+from .. import handbuilt, losses, scores
 from ..circuits import mean_attention_by_offset
 from ..handbuilt import Layout
 from ..scores import two_back_accuracy
@@ -162,7 +162,7 @@ def _compare_induction(got, expected, case) -> str | None:
     except ValueError as err:
         return str(err)
     pm = float(scores.prefix_matching_scores(model, batch_size=8)[1, 0])
-    loss = scores.repeated_token_loss(model, batch_size=8)
+    loss = losses.repeated_token_loss(model, batch_size=8)
     if pm >= PREFIX_TARGET and loss.second < 0.5 * loss.first:
         return None
     q_reads, k_reads = _blocks_read(pair[0], layout), _blocks_read(pair[1], layout)
