@@ -3,7 +3,9 @@
 Every module of ``src/attncircuits`` has a place in :data:`LAYERS` (lowest first); an import may
 only point to a module of a lower layer, or to an earlier module of the same layer. That one
 rule forbids an import back up and a circle. :func:`problems` also lists star imports, private
-names (``_x``) imported from another module, function-local imports of a package module, and
+names (``_x``) imported from another module (a private module such as ``exercises/_run`` is its
+package's inside: its siblings may use its names, nothing outside the package may import it),
+function-local imports of a package module, and
 modules over :data:`MAX_LINES` lines. Imports under ``if TYPE_CHECKING:`` are type-only and left
 out. ``tests/test_layout.py`` asserts that the list of problems is empty.
 """
@@ -169,13 +171,25 @@ def problems(mods: dict[str, Module] | None = None) -> list[str]:
             out.append(f"{name}:{line} imports {t} inside a function; import it at the top")
         for line, t in m.star_imports:
             out.append(f"{name}:{line} star-imports {t}; name what it uses")
+        for t in m.imports:
+            if _private_module(t) and _folder(t) != _folder(name):
+                out.append(f"{name} imports the private module {t} from outside its package")
         for line, t, n in m.private_imports:
-            if t.split("/")[0] == name.split("/")[0] and t.endswith("__init__"):
-                continue
+            if _private_module(t) and _folder(t) == _folder(name):
+                continue  # a private module (``_run``) is its package's inside: its siblings use its names
             out.append(f"{name}:{line} imports the private name {n} from {t}; make it public or move it")
         if m.lines > MAX_LINES:
             out.append(f"{name} has {m.lines} lines (> {MAX_LINES}); split it along a line a reader would guess")
     return out
+
+
+def _folder(name: str) -> str:
+    return name.rsplit("/", 1)[0] if "/" in name else ""
+
+
+def _private_module(name: str) -> bool:
+    leaf = name.rsplit("/", 1)[-1]
+    return leaf.startswith("_") and not leaf.startswith("__")
 
 
 def picture(mods: dict[str, Module] | None = None) -> str:
