@@ -74,6 +74,9 @@ class HookedConfig:
     d_vocab: int = 2048
     act_fn: str = "gelu"
     normalization_type: str = "LN"
+    # "shortformer": positions enter the queries and keys only, as in the attention-only models, so
+    # the residual stream carries tokens alone; "standard": added to the residual stream (GPT-2)
+    positional_embedding_type: str = "standard"
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", "d_vocab"):
@@ -82,6 +85,9 @@ class HookedConfig:
                 raise ValueError(f"HookedConfig.{name} must be a whole number >= 1, got {v!r}")
         if self.act_fn not in ("gelu", "relu", "gelu_new"):
             raise ValueError(f"HookedConfig.act_fn must be 'gelu', 'gelu_new' or 'relu', got {self.act_fn!r}")
+        if self.positional_embedding_type not in ("standard", "shortformer"):
+            raise ValueError("HookedConfig.positional_embedding_type must be 'standard' or 'shortformer', "
+                             f"got {self.positional_embedding_type!r}")
         if self.normalization_type not in ("LN", "LNPre"):
             raise ValueError(f"HookedConfig.normalization_type must be 'LN' or 'LNPre', got {self.normalization_type!r}")
 
@@ -99,10 +105,10 @@ class HookedConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def tl_config(self):
-        """The ``HookedTransformerConfig`` of this shape (learned positions added to the residual)."""
+        """The ``HookedTransformerConfig`` of this shape."""
         tl = require_transformer_lens()
         return tl.HookedTransformerConfig(
-            **asdict(self), positional_embedding_type="standard", default_prepend_bos=False,
+            **asdict(self), default_prepend_bos=False,
             original_architecture=ARCHITECTURE,
         )
 
