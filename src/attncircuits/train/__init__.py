@@ -147,10 +147,13 @@ PRESETS: dict[str, tuple[dict, dict]] = {
     # schedule squeezed to fewer steps decays before the heads form: chapter 7's recipe search);
     # a quarter of the rows random tokens repeated instead of an eighth (taken from the text
     # repeats: the plain-text share stays 3/8), which that search found brings the heads earlier.
-    # Tried first: positions added to the residual stream and the cosine to 10%: no induction
-    # head by step 2,750 (prefix matching 0.04, previous-token 0.16).
+    # Positions are the attention-only models' fixed sinusoids. Tried first, each to step 3,250 or
+    # more with no induction head (prefix matching 0.04): learned positions added to the residual
+    # stream with the cosine to 10% (previous-token 0.21 at step 4,000); learned shortformer
+    # positions with the cosine to 30% (previous-token 0.26 at 3,250, where the 2-layer model's
+    # was 0.68): a previous-token head needs positions, and learned ones start as noise.
     "ln-mlp-4l": ({"architecture": "hooked-ln-mlp", "n_layers": 4, "d_mlp": 512,
-                   "positional_embedding_type": "shortformer"},
+                   "positional_embedding_type": "shortformer", "sinusoidal_positions": True},
                   {"steps": 5000, "min_lr_frac": 0.3, "repeat_frac": 0.375, "random_repeat_frac": 0.25,
                    "snapshot_steps": [0, 500, 1000, 1500, 2000, 2500, 3500]}),
     "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
@@ -162,6 +165,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     (the models with them); decay on every other weight."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
+        if not p.requires_grad:  # fixed (chapter 10's sinusoidal positions)
+            continue
         (no_decay if p is model.W_E or p.ndim < 2 else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
