@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -122,10 +123,19 @@ class HookedConfig:
         """A freshly initialised model (seeded by ``torch.manual_seed``, as the training loop does)."""
         tl = require_transformer_lens()
         model = tl.HookedTransformer(self.tl_config(), move_to_device=False)
+        # the course's measures call forward_checked on tokens they have checked already
+        model.forward_checked = types.MethodType(_forward_checked, model)
         if self.sinusoidal_positions:  # fixed, as in the attention-only models: not trained
             model.pos_embed.W_pos.data.copy_(sinusoidal_positions(self.n_ctx, self.d_model))
             model.pos_embed.W_pos.requires_grad_(False)
         return model
+
+
+def _forward_checked(model, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
+    if kwargs:
+        raise TypeError(f"chapter 10's model takes no {', '.join(sorted(kwargs))} here: remove heads or "
+                        "replace patterns with TransformerLens hooks (model.hooks(fwd_hooks=...))")
+    return model(tokens)
 
 
 def is_hooked(model) -> bool:
