@@ -13,7 +13,7 @@ import torch
 
 from ..circuits.factored import FactoredMatrix, full_ov_circuit, full_qk_circuit
 from ..circuits.skip_trigrams import copying_summary, frequent_tokens, top_skip_trigrams
-from ._core import Case, Diagnosis, random_model, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, run_check, shipped
 
 __all__ = ["check_skip_trigram_score", "check_top_skip_trigrams", "check_nonzero_eigenvalues", "check_copying_score"]
 
@@ -31,6 +31,7 @@ def _score(model, head, source, dest, output, n_keys, centered=True, attention=T
     return float(a / (a + n_keys - 1)) * o
 
 
+@guarded
 def check_skip_trigram_score(skip_trigram_score) -> bool:
     """``skip_trigram_score(model, head, source, dest, output, n_keys)`` -> a float: the attention
     ``dest`` gives ``source`` among ``n_keys`` average keys times the centred OV entry."""
@@ -106,6 +107,7 @@ def _compare_triples(got, expected, case) -> str | None:
     return f"{len(missing)} of the {len(expected)} triples differ (e.g. (source, dest, output) {tuple(missing[0])} is missing)"
 
 
+@guarded
 def check_top_skip_trigrams(top_skip_trigrams_of_head) -> bool:
     """``top_skip_trigrams_of_head(model, head, tokens, k)`` -> ``[k, 3]`` token ids (source,
     destination, output) of the ``k`` best triples among ``tokens``, best first."""
@@ -157,6 +159,7 @@ def _compare_eigenvalues(got, expected, case) -> str | None:
     return None
 
 
+@guarded
 def check_nonzero_eigenvalues(nonzero_eigenvalues) -> bool:
     """``nonzero_eigenvalues(A, B)`` -> the ``k`` eigenvalues of ``A @ B`` (``A [m, k]``, ``B [k, m]``,
     ``k < m``) that can be non-zero, a complex ``[k]`` tensor in any order."""
@@ -198,6 +201,7 @@ def _score_variant(model, head, centered=True, real=False):
     return float(ev.sum().real / ev.abs().sum())
 
 
+@guarded
 def check_copying_score(copying_score) -> bool:
     """``copying_score(model, head)`` -> ``Σλ / Σ|λ|`` (a float) over the eigenvalues of head
     ``0.head``'s OV circuit, each row centred over the outputs."""

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .. import circuits
 from ..model import AttnOnlyTransformer
-from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, random_tokens, run_check, shipped
 
 __all__ = [
     "check_composition_score",
@@ -47,6 +47,7 @@ def _two_layer() -> AttnOnlyTransformer:
 
 
 # ---- 5.1 the composition score of two matrices ---------------------------------------------------
+@guarded
 def check_composition_score(fn) -> bool:
     """``composition_score(first, second) -> float``: ``‖first @ second‖_F / (‖first‖_F ‖second‖_F)``."""
     g = torch.Generator().manual_seed(0)
@@ -90,6 +91,7 @@ def _k_score(model, writer, reader):
     return circuits.composition_score(model, "k", (0, writer), (1, reader))
 
 
+@guarded
 def check_k_composition_score(fn) -> bool:
     """``k_composition_score(model, writer, reader) -> float``: how much layer-1 head ``reader``
     reads, through its key, what layer-0 head ``writer`` writes."""
@@ -162,6 +164,7 @@ def _compare_baseline(got, expected, case) -> str | None:
     return None
 
 
+@guarded
 def check_random_composition_scores(fn) -> bool:
     """``random_composition_scores(d_model, d_head, n_samples, seed) -> Tensor [n_samples]``:
     compared by their mean and spread (they are random) with the reference's."""
@@ -179,6 +182,7 @@ def _virtual_ov(model, writer, reader):
     return circuits.virtual_ov_circuit(model, writer, reader).dense()
 
 
+@guarded
 def check_virtual_ov(fn) -> bool:
     """``virtual_ov(model, writer, reader) -> Tensor [d_vocab, d_vocab]``: ``W_E W_OV^{0,w} W_OV^{1,r} W_U``."""
     cases = [
@@ -214,6 +218,7 @@ def _first_order(model, tokens):
     return circuits.term_importance(model, tokens).first_order
 
 
+@guarded
 def check_first_order_loss(fn) -> bool:
     """``first_order_loss(model, tokens) -> float``: the loss of the direct path plus every
     single-head term, all attention patterns frozen, no virtual heads."""

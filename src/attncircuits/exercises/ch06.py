@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import handbuilt, scores
 from ..model import AttnOnlyTransformer, Head
-from ._core import Case, Diagnosis, random_model, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, run_check, shipped
 
 __all__ = [
     "check_ablated_loss",
@@ -108,6 +108,7 @@ def _prev(pattern, offset=-1):
     return pattern.diagonal(offset=offset, dim1=-2, dim2=-1).mean((0, 2))
 
 
+@guarded
 def check_previous_token_score(fn) -> bool:
     """``previous_token_score(pattern [batch, head, q, k]) -> Tensor [head]``."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
@@ -148,6 +149,7 @@ def _duplicate(pattern, tokens, seq_len):
     return einsum(pattern, same.to(pattern.dtype), "b h q k, b q k -> b h q")[:, :, 1 + seq_len :].mean((0, 2))
 
 
+@guarded
 def check_prefix_matching_score(fn) -> bool:
     """``prefix_matching_score(pattern, tokens, seq_len) -> Tensor [head]`` on ``[EOT]`` + copies."""
     cases = []
@@ -192,6 +194,7 @@ def _compare_heads(got, expected, case) -> str | None:
     return f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3)"
 
 
+@guarded
 def check_find_induction_heads(fn) -> bool:
     """``find_induction_heads(model) -> list[(layer, head)]``, on four models."""
     cases = [
@@ -210,6 +213,7 @@ def _ablated(model, tokens, head, mode):
     return scores.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
 
 
+@guarded
 def check_ablated_loss(fn) -> bool:
     """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
     m = shipped("attn-only-2l").model
@@ -264,6 +268,7 @@ def _causal(x: Tensor) -> Tensor:
     return x[..., torch.ones(n, n, dtype=torch.bool).tril()]
 
 
+@guarded
 def check_qk_score_terms(fn) -> bool:
     """``qk_score_terms(model, tokens, head) -> Tensor [q_source, k_source, batch, q, k]`` with the
     sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only."""
@@ -291,6 +296,7 @@ def check_qk_score_terms(fn) -> bool:
 
 
 # ---- 6.6 the induction heads' OV circuit: does it copy? -------------------------------------------
+@guarded
 def check_copying_accuracy(fn) -> bool:
     """``copying_accuracy(model, heads) -> float``: top-1 "copies itself" of the summed OV circuit."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()

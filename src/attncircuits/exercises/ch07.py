@@ -14,7 +14,7 @@ from torch import Tensor
 from .. import scores, smeared
 from ..heads import head_name
 from ..model import AttnOnlyTransformer
-from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, random_tokens, run_check, shipped
 
 __all__ = [
     "attribution_labels",
@@ -57,6 +57,7 @@ def _copy_means(loss, seq_len, n_repeats):
 
 
 # ---- 7.1 the in-context-learning score ------------------------------------------------------------
+@guarded
 def check_icl_score(fn) -> bool:
     """``icl_score(nll [batch, target], late, early) -> float`` (``nll[:, t]`` is the loss of token ``t + 1``)."""
     m1 = shipped("attn-only-1l").model
@@ -82,6 +83,7 @@ def check_icl_score(fn) -> bool:
 
 
 # ---- 7.2 loss per copy ----------------------------------------------------------------------------
+@guarded
 def check_copy_losses(fn) -> bool:
     """``copy_losses(loss [target], seq_len, n_repeats) -> list[float]``: the mean loss of each copy,
     its first target left out."""
@@ -115,6 +117,7 @@ def check_copy_losses(fn) -> bool:
 
 
 # ---- 7.3 smeared keys -----------------------------------------------------------------------------
+@guarded
 def check_smear_scores(fn) -> bool:
     """``smear_scores(scores [batch, head, q, k], weight [head]) -> same shape``."""
     m1 = shipped("attn-only-1l").model
@@ -153,6 +156,7 @@ def check_smear_scores(fn) -> bool:
 
 
 # ---- 7.4 per-head direct logit attribution --------------------------------------------------------
+@guarded
 def check_logit_attribution(fn) -> bool:
     """``logit_attribution(model, tokens) -> Tensor [batch, pos - 1, 1 + n_layers * n_heads]``."""
     m2, rnd = shipped("attn-only-2l").model, random_model(n_layers=2, seed=4)

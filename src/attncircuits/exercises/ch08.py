@@ -14,7 +14,7 @@ from torch import Tensor
 from .. import handbuilt, scores
 from ..circuits import mean_attention_by_offset
 from ..handbuilt import Layout
-from ._core import Case, random_tokens, run_check
+from ._core import Case, guarded, random_tokens, run_check
 
 __all__ = [
     "PREFIX_TARGET",
@@ -74,6 +74,7 @@ def _compare_prev(got, expected, case) -> str | None:
     return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up"
 
 
+@guarded
 def check_previous_token_qk(fn) -> bool:
     """``previous_token_qk(W_pos, n_pairs, d_head) -> (W_Q, W_K)``, each ``[d_model, d_head]``:
     judged by the previous-token score (>= 0.95) of a one-head model that uses them."""
@@ -107,6 +108,7 @@ def _compare_copy(got, expected, case) -> str | None:
     return "W_V @ W_O must be the identity from the source block to the destination block and zero elsewhere"
 
 
+@guarded
 def check_copy_ov(fn) -> bool:
     """``copy_ov(d_model, d_head, src, dst) -> (W_V, W_O)``: judged by ``W_V @ W_O`` (the factors
     are unique only up to a change of basis inside the head)."""
@@ -147,6 +149,7 @@ def _compare_two_back(got, expected, case) -> str | None:
     return f"the token two back is the top prediction at only {acc[2]:.0%} of positions (need 99%)"
 
 
+@guarded
 def check_two_back_model(fn) -> bool:
     """``build_two_back(layout) -> AttnOnlyTransformer``: the top prediction at position ``i``
     must be the token at ``i - 2`` (>= 99% of positions, random tokens)."""
@@ -185,6 +188,7 @@ def _compare_induction(got, expected, case) -> str | None:
     return f"prefix-matching score {pm:.2f} (need {PREFIX_TARGET}); W_Q reads {q_reads}, W_K reads {k_reads}"
 
 
+@guarded
 def check_induction_qk(fn) -> bool:
     """``induction_qk(layout) -> (W_Q, W_K)`` of the layer-1 head, each ``[d_model, d_head]``:
     judged by the prefix-matching score (>= 0.95) and the loss on repeated random tokens of the

@@ -15,7 +15,7 @@ from .. import scores as S
 from ..circuits.factored import full_ov_circuit
 from ..circuits.skip_trigrams import eigen_copying_score
 from ..interop import induction_stripe_scores, to_transformer_lens, zero_head_hook
-from ._core import Case, Diagnosis, random_model, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, run_check, shipped
 
 __all__ = ["check_induction_stripe_scores", "check_ov_copying_scores", "check_zero_head_hook"]
 
@@ -30,6 +30,7 @@ def _patterns(n_layers: int) -> tuple[torch.Tensor, int]:
     return cache.pattern[-1], seq_len
 
 
+@guarded
 def check_induction_stripe_scores(fn) -> bool:
     """Exercise 9.1: ``fn(pattern, seq_len) -> [head]``."""
     cases = []
@@ -64,6 +65,7 @@ def check_induction_stripe_scores(fn) -> bool:
     )
 
 
+@guarded
 def check_zero_head_hook(fn) -> bool:
     """Exercise 9.2: ``fn(z, hook, head) -> z`` with head ``head`` zeroed."""
     gen = torch.Generator().manual_seed(0)
@@ -99,6 +101,7 @@ def _ours_copying(tl_model) -> torch.Tensor:
     return torch.stack(scores).float()
 
 
+@guarded
 def check_ov_copying_scores(fn) -> bool:
     """Exercise 9.3: ``fn(tl_model) -> [layer, head]`` from TransformerLens's FactoredMatrix."""
     cases = [
