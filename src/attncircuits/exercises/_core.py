@@ -68,6 +68,7 @@ import torch
 from torch import Tensor
 
 from ..model import AttnOnlyConfig, AttnOnlyTransformer
+from ..pretrained import load_pretrained
 from ._compare import _close, _describe_type, _finite, _generic_mismatch, _structure
 from ._run import Method, _call, _first_line, _Stop
 
@@ -336,8 +337,6 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare,
 # ---- inputs for the cases ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _loaded(name: str):
-    from ..pretrained import load_pretrained
-
     ckpt = load_pretrained(name)
     return ckpt, {k: v.detach().clone() for k, v in ckpt.model.state_dict().items()}, ckpt.model.cfg.to_dict()
 
