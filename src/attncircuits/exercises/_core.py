@@ -150,7 +150,8 @@ def report(name: str, ok: bool | None, message: str) -> bool:
 # ---- every check: restored torch state, never an exception ------------------------------------------
 def guarded(check: Callable[[Callable], bool]) -> Callable[[Callable], bool]:
     """Wrap a chapter's check: it runs with the torch state the references assume (float32
-    default, the random generator's state saved and restored, the thread count restored) and
+    default, no autograd, the random generator's state saved and restored) on one thread (the
+    cases are small: a thread pool only waits for itself, badly so on a busy machine), and
     reports anything that goes wrong while it builds its cases or compares as one ✗ line, so a
     learner's ``torch.set_default_dtype(torch.float64)`` or an output no comparison expected never
     breaks the notebook."""
@@ -162,6 +163,7 @@ def guarded(check: Callable[[Callable], bool]) -> Callable[[Callable], bool]:
             with torch.random.fork_rng():
                 torch.set_default_dtype(torch.float32)
                 torch.set_grad_enabled(False)
+                torch.set_num_threads(1)
                 return check(fn, *args, **kwargs)
         except KeyboardInterrupt:
             raise

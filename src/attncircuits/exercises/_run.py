@@ -10,6 +10,7 @@ import ast
 import atexit
 import copy
 import ctypes
+import functools
 import dis
 import inspect
 import linecache
@@ -41,9 +42,56 @@ class _Stop(Exception):
         self.message, self.ok = message, ok
 
 
+_STOPPING: set[int] = set()  # the threads whose time is up
+
+
+def _arm(ident: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_TimeLimit))
+
+
 class _TimeLimit(BaseException):
     """Raised inside the learner's call when its time is up (a BaseException, so that a bare
-    ``except Exception`` in the learner's code cannot swallow it)."""
+    ``except Exception`` in the learner's code cannot swallow it). While a thread's time is up,
+    each one raised in the learner's code turns on a line tracer in that thread that raises
+    again at the learner's next line, so a bare ``except:`` that swallows one meets another in its
+    own handler, where no ``try`` catches it, and the call ends."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        ident = threading.get_ident()
+        frame = sys._getframe(1)
+        if ident not in _STOPPING or frame.f_code.co_filename == __file__:
+            return
+        while frame is not None and frame.f_code.co_filename != __file__:
+            frame.f_trace, frame.f_trace_lines = _raise_at_next_line, True
+            frame = frame.f_back
+        sys.settrace(_raise_at_next_line)
+
+
+def _raise_at_next_line(frame, event, arg):
+    """A trace function (see :class:`_TimeLimit`)."""
+    if threading.get_ident() in _STOPPING and frame.f_code.co_filename != __file__:
+        raise _TimeLimit()
+    return None
+
+
+class _Worker(threading.Thread):
+    """The thread a learner's call runs in; it ends quietly however its time-out lands."""
+
+    def run(self) -> None:
+        ident = threading.get_ident()
+        clear = functools.partial(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_ulong(ident), None)
+        try:
+            try:
+                super().run()
+            except _TimeLimit:
+                pass
+            finally:
+                _STOPPING.discard(ident)
+                sys.settrace(None)
+                clear()
+        except _TimeLimit:
+            clear()
 
 
 class _WrongMethod(BaseException):
@@ -172,7 +220,7 @@ def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, fl
         except BaseException as err:  # handed to the caller's thread below
             box["error"] = err
 
-    worker = threading.Thread(target=target, daemon=True, name="attncircuits-exercise-check")
+    worker = _Worker(target=target, daemon=True, name="attncircuits-exercise-check")
     worker.start()
     try:
         worker.join(limit)
@@ -191,9 +239,12 @@ def _stop_thread(worker: threading.Thread, wait: float = 2.0) -> None:
     """Raise _TimeLimit inside ``worker`` until it ends (at most ``wait`` seconds here; a worker
     inside a long C call is then left to a reaper thread that keeps at it until it ends)."""
 
+    if worker.ident is not None:
+        _STOPPING.add(worker.ident)
+
     def hit() -> None:
         if worker.ident is not None and worker.is_alive():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_TimeLimit))
+            _arm(worker.ident)
 
     deadline = time.perf_counter() + wait
     while worker.is_alive() and time.perf_counter() < deadline:
