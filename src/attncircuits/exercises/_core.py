@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 WIDTH = 79  # the book's code column: printed lines wrap here
-DEFAULT_TIME_LIMIT = 10.0  # seconds per call; a reference answer takes well under one
+DEFAULT_TIME_LIMIT = 30.0  # seconds per call: only a runaway loop gets near it (methods are judged by Method)
 
 @dataclass
 class Case:
