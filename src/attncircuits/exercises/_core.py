@@ -19,17 +19,27 @@ A chapter's check is a list of cases, the package's reference function, and name
 book's column) and returns True or False. It never raises for anything the learner's function does:
 
 - not attempted yet: the function raises ``NotImplementedError``, returns ``...``, or returns
-  ``None`` from a body that is only a docstring, ``pass`` or ``...``;
+  ``None`` from a body that is only a docstring, ``pass`` or ``...``; when the stub that raised is
+  another function the learner's calls (an earlier exercise), the message names it;
 - raises inside: the exception's type and first line, and the line of the learner's code it came
   from (never a traceback);
 - too slow: each call runs in a thread that is waited for at most ``time_limit`` seconds, then
-  stopped (see :func:`._run._run_with_time_limit`); the message gives the time waited;
+  stopped, even through a bare ``except:`` (see :func:`._run._run_with_time_limit`); a method the
+  exercise rules out is judged by what it computes, not by time (:class:`Method`);
 - wrong type, wrong shape (expected vs got, with "transposed" or "a missing batch axis" where
   that explains it), NaN/inf where the answer is finite, wrong device, wrong dtype;
-- a value mismatch: the diagnoses are tried in order, and the first whose wrong answer matches the
-  learner's output gives the message; then the generic ones (the wrong sign, the transpose, a
-  constant factor); then "right on the shipped model but wrong on the random one" when the
-  learner passes every case of one kind and fails another; else the largest difference and where.
+- a value mismatch: all zeros first; then the named diagnoses whose wrong answer matches the
+  learner's output on this case, the first that also matches on every other case (the learner's
+  function runs on all of them) giving the message; then, computed from the reference in
+  :mod:`._compare`, another head's answer (``Case.others``), the wrong sign, a transpose or two
+  swapped axes, a shift by one along an axis, a factor that is an axis length, ln 2, 100 or a
+  square root; then "right on the shipped model but wrong on the random one" when the learner
+  passes every case of one kind and fails another; else the largest difference and where.
+
+Every chapter's check is wrapped in :func:`guarded`: it runs with float32 as the default dtype,
+no autograd, one thread and the random state saved, all restored afterwards, and anything that
+fails while it builds its cases or compares becomes one ✗ line. :func:`shipped` restores a
+shipped model that anything edited.
 
 Writing a check:
 
