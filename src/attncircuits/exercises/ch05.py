@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import circuits
+from ..circuits.composition import random_composition_scores
 from ..model import AttnOnlyTransformer
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
@@ -24,7 +25,6 @@ __all__ = [
     "check_k_composition_score",
     "check_random_composition_scores",
     "check_virtual_ov",
-    "random_composition_scores",
 ]
 
 
@@ -129,13 +129,6 @@ def check_k_composition_score(fn) -> bool:
 
 
 # ---- 5.3 the random baseline ---------------------------------------------------------------------
-def random_composition_scores(d_model: int, d_head: int, n_samples: int, seed: int = 0) -> Tensor:
-    """Composition scores of ``n_samples`` pairs of random rank-``d_head`` maps (Gaussian factors
-    ``[d_model, d_head] @ [d_head, d_model]``): the baseline a model's scores are read against."""
-    base = circuits.random_composition_baseline(d_model, d_head, n_samples, seed)
-    return base.samples["k"].float()
-
-
 def _compare_baseline(got, expected, case) -> str | None:
     if not isinstance(got, Tensor):
         return f"return a tensor of the scores, got a {type(got).__name__}"

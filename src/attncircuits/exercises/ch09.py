@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from .. import scores as S
+from .. import losses
 from ..circuits.factored import full_ov_circuit
 from ..circuits.skip_trigrams import eigen_copying_score
 from ..interop import induction_stripe_scores, to_transformer_lens, zero_head_hook
@@ -25,7 +25,7 @@ def _patterns(n_layers: int) -> tuple[torch.Tensor, int]:
     """Layer ``n_layers - 1``'s attention on repeated random tokens, and the copy length."""
     model = shipped("attn-only-2l").model if n_layers == 2 else random_model(n_layers=1, seed=3, n_ctx=33)
     seq_len = 63 if n_layers == 2 else 16
-    tokens = S.repeated_tokens(model, seq_len=seq_len, batch_size=4)
+    tokens = losses.repeated_tokens(model, seq_len=seq_len, batch_size=4)
     _, cache = model.run_with_cache(tokens)
     return cache.pattern[-1], seq_len
 
