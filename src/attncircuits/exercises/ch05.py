@@ -17,6 +17,7 @@ from torch import Tensor
 from .. import circuits
 from ..circuits.composition import random_composition_scores
 from ..model import AttnOnlyTransformer
+from ..pretrained import validation_windows
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
 __all__ = [
@@ -210,8 +211,6 @@ def _first_order(model, tokens):
 def check_first_order_loss(fn) -> bool:
     """``first_order_loss(model, tokens) -> float``: the loss of the direct path plus every
     single-head term, all attention patterns frozen, no virtual heads."""
-    from ..pretrained import validation_windows
-
     m2 = shipped("attn-only-2l").model
     rnd = _two_layer()
     cases = [

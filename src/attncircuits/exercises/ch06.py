@@ -16,9 +16,10 @@ from einops import einsum
 from torch import Tensor
 
 from .. import handbuilt, losses, scores
-from ..circuits.induction import ov_copying_accuracy
+from ..circuits.copying import ov_copying_accuracy
 from ..losses import mean_ablation
 from ..model import AttnOnlyTransformer
+from ..pretrained import validation_windows
 from ..scores import induction_heads, qk_score_terms
 from ._core import Case, Diagnosis, random_model, run_check, shipped
 
@@ -39,8 +40,6 @@ def _two_layer() -> AttnOnlyTransformer:
 
 
 def _text(model: AttnOnlyTransformer, n: int = 8) -> Tensor:
-    from ..pretrained import validation_windows
-
     return validation_windows(n_ctx=model.cfg.n_ctx)[:n]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import losses, smeared
+from ..pretrained import validation_windows
 from ..scores import logit_attribution
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
@@ -34,8 +35,6 @@ def _copy_means(loss, seq_len, n_repeats):
 def check_icl_score(fn) -> bool:
     """``icl_score(nll [batch, target], late, early) -> float`` (``nll[:, t]`` is the loss of token ``t + 1``)."""
     m1 = shipped("attn-only-1l").model
-    from ..pretrained import validation_windows
-
     text = validation_windows(n_ctx=m1.cfg.n_ctx)[:16]
     nll = losses.per_token_loss(m1, text)
     noise = torch.rand(8, 40, generator=torch.Generator().manual_seed(0)) * 5

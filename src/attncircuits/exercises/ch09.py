@@ -13,8 +13,8 @@ import torch
 
 from .. import losses
 from ..circuits.factored import full_ov_circuit
-from ..circuits.skip_trigrams import eigen_copying_score
-from ..interop import induction_stripe_scores, to_transformer_lens, zero_head_hook
+from ..circuits.copying import eigen_copying_score
+from ..interop import from_transformer_lens, induction_stripe_scores, to_transformer_lens, zero_head_hook
 from ._core import Case, Diagnosis, random_model, run_check, shipped
 
 __all__ = ["check_induction_stripe_scores", "check_ov_copying_scores", "check_zero_head_hook"]
@@ -92,8 +92,6 @@ def check_zero_head_hook(fn) -> bool:
 
 
 def _ours_copying(tl_model) -> torch.Tensor:
-    from ..interop import from_transformer_lens
-
     model = from_transformer_lens(tl_model)
     scores = [eigen_copying_score(full_ov_circuit(model, l).eigenvalues()) for l in range(model.cfg.n_layers)]
     return torch.stack(scores).float()
