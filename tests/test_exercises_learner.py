@@ -116,7 +116,7 @@ def _exercise_blocks(nb: dict) -> list[list[dict]]:
     return [b for b in blocks if b]
 
 
-@pytest.mark.parametrize("path", make_learner.chapter_notebooks(ROOT / "notebooks"), ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", make_learner.chapters(ROOT), ids=lambda p: p.stem[:2])
 def test_each_exercise_reads_task_hints_solution_check(path):
     """Hints sit between the task and the solution, labelled "Hint" alone or "Hint 1", "Hint 2", ...;
     the check cell asserts, so the solved chapter fails when a solution stops passing (the learner's
