@@ -7,8 +7,9 @@ Every chapter of ``_toc.yml`` (``notebooks/NN_*.ipynb``) with exercises (what th
   (inclusive) become one ``raise NotImplementedError(...)`` at the markers' indent, and the
   ``hide-input`` tag is dropped, so the stub shows; the function's signature and docstring stay;
 - a check written ``assert check_...(...)`` (so that the solved chapter fails its run when a
-  solution stops passing) loses its ``assert``: on a stub the check prints "not attempted yet"
-  and returns False, and the notebook runs on;
+  solution stops passing) becomes ``check_...(...);``: on a stub the check prints "not attempted
+  yet" and returns False, and the notebook runs on; the semicolon keeps Jupyter from printing
+  the returned ``True``/``False`` under the check's one line;
 - the "Open the exercises in Colab" cell says instead that this is the exercises version and
   links the solved chapter;
 - outputs and execution counts are stripped; hints, questions and every other cell are kept.
@@ -106,7 +107,7 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
                 raise ValueError(f"{where} has solution markers but no 'solution' tag")
             if LIVE_RUN in tags:  # the same cells run, asserted, in the solved notebook's test
                 cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), "nbval-skip"]
-            text = "\n".join(_CHECK_ASSERT.sub(r"\1", line) for line in text.split("\n"))
+            text = "\n".join(_CHECK_ASSERT.sub(r"\1;", line) for line in text.split("\n"))
             cell["source"] = _lines(text)
             cell["outputs"] = []
             cell["execution_count"] = None
