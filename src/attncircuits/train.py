@@ -11,6 +11,7 @@ Ctrl-C and ``--resume``) is in ``train_cli.py``.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -141,6 +142,24 @@ PRESETS: dict[str, tuple[dict, dict]] = {
 }
 
 
+def step_memory_bytes(model_cfg: AttnOnlyConfig, batch_size: int) -> int:
+    """A rough upper bound on one training step's memory: logits and attention patterns with their
+    gradients (about four float32 copies each) and the residual stream's activations, plus weights,
+    gradients and AdamW's two moments."""
+    T, V, H, L = model_cfg.n_ctx, model_cfg.d_vocab, model_cfg.n_heads, model_cfg.n_layers
+    per_row = 4 * T * V + 6 * L * H * T * T + 4 * T * (L + 1) * (model_cfg.d_model + 4 * H * model_cfg.d_head)
+    params = 2 * V * model_cfg.d_model + 4 * L * H * model_cfg.d_model * model_cfg.d_head
+    return 4 * (batch_size * per_row + 4 * params)
+
+
+def memory_limit_bytes() -> int:
+    """Half of this machine's physical memory (the rest is the system's and the notebook's)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): assume 8 GiB of RAM
+        return 4 << 30
+
+
 def pick_device(device: str | None = None) -> torch.device:
     if device:
         return torch.device(device)
@@ -212,6 +231,15 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step = step
 
 
+class TrainingDiverged(FloatingPointError):
+    """The loss became NaN or infinite at ``step`` (learning rate ``lr``); the run stops there."""
+
+    def __init__(self, step: int, lr: float, loss: float):
+        super().__init__(f"training diverged at step {step}: the loss is {loss} at learning rate {lr:.3g}; "
+                         "use a lower --lr (lr)")
+        self.step, self.lr, self.loss = step, lr, loss
+
+
 @contextmanager
 def _stop_between_steps():
     """While training, the first Ctrl-C only asks to stop at the next step boundary (so the state
@@ -250,6 +278,9 @@ def train(
     history, snapshots) at every evaluation step and when Ctrl-C stops the run, which then raises
     :class:`TrainingInterrupted`; passing such a state as ``resume`` continues the run exactly
     where it stopped: on the same machine the result is bit-identical to an uninterrupted run.
+
+    A NaN or infinite loss raises :class:`TrainingDiverged` naming the step and the learning rate;
+    ``save_state`` then receives the state before that step, when its weights are finite.
 
     ``callback(step, model, row)`` runs after each evaluation (``row``: that step's history entries);
     when it returns True, training stops there (see ``live.py``).
@@ -316,6 +347,10 @@ def train(
                 group["lr"] = lr_at(step, cfg)
             batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)
             loss = loss_fn(model(batch), batch)
+            if not torch.isfinite(loss):  # stop at once, keeping the last finite state for the caller
+                if save_state is not None and all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                    save_state(state(step))
+                raise TrainingDiverged(step, lr_at(step, cfg), loss.item())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
