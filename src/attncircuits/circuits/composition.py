@@ -48,6 +48,7 @@ __all__ = [
     "composition_score",
     "composition_scores",
     "random_composition_baseline",
+    "random_composition_scores",
     "term_importance",
     "two_layer_path_expansion",
     "virtual_head_pattern",
@@ -143,6 +144,12 @@ def random_composition_baseline(
     d_model, d_head = validate.count(d_model, "d_model"), validate.count(d_head, "d_head")
     n_samples = validate.count(n_samples, "n_samples", 2, why="to measure a spread")
     return _random_baseline(d_model, d_head, n_samples, seed, scales)
+
+
+def random_composition_scores(d_model: int, d_head: int, n_samples: int, seed: int = 0) -> Float[Tensor, " n_samples"]:
+    """K-composition scores of ``n_samples`` pairs of random rank-``d_head`` maps (Gaussian factors
+    ``[d_model, d_head] @ [d_head, d_model]``): the baseline a model's scores are read against."""
+    return random_composition_baseline(d_model, d_head, n_samples, seed).samples["k"].float()
 
 
 def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int, scales: dict[str, float] | None) -> CompositionBaseline:

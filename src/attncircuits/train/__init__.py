@@ -5,7 +5,8 @@ MPS or CPU), a tqdm bar with loss and tokens/s, and a history logged every ``eva
 train and validation loss and, for models with layers, each head's previous-token and
 prefix-matching score and the loss on repeated random tokens. Output is a checkpoint directory
 (see ``pretrained.py``); nothing is pickled. The command line (argument checks, output folders,
-Ctrl-C and ``--resume``) is in ``train_cli.py``.
+Ctrl-C and ``--resume``) is in ``train_cli.py``; ``train/__main__.py`` runs it, so that
+``python -m attncircuits.train`` works while this module never imports the command line above it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import data
-from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from .pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
-from .scores import in_context_learning_score, prefix_matching_scores, previous_token_scores, repeated_token_loss
+from .. import data
+from ..losses import in_context_learning_score, repeated_token_loss
+from ..model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from ..pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
+from ..scores import prefix_matching_scores, previous_token_scores
 
 
 @dataclass
@@ -385,14 +387,3 @@ def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE, directory: Path = 
     save_corpus_files(va, tr, info, directory)
     print(f"corpus: {corpus.describe()}; {len(tr):,} + {len(va):,} tokens; tokenizer in {time.time() - t:.1f}s")
     return tok_path
-
-
-def main(argv=None) -> None:
-    """``python -m attncircuits.train``: see :mod:`attncircuits.train_cli`."""
-    from .train_cli import main as cli_main
-
-    cli_main(argv)
-
-
-if __name__ == "__main__":
-    main()
