@@ -10,7 +10,8 @@ import torch
 
 from attncircuits import data, load_checkpoint
 from attncircuits import train as T
-from attncircuits.pretrained import CORPUS_DIR, sha256
+from attncircuits.manifest import sha256
+from attncircuits.pretrained import CORPUS_DIR
 from attncircuits.train_cli import main
 
 # a seconds-long run: the tiny preset on a small local corpus

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from attncircuits import load_checkpoint, run_folder
-from attncircuits.pretrained import sha256
+from attncircuits.manifest import sha256
 from attncircuits.train_cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -321,7 +321,7 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_finite_state(tmp_path
 # ---- 12. a damaged resume state ---------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncated", "forged", "weights"])
 def test_a_damaged_resume_state_is_refused_in_one_line(tmp_path, docs, capsys, monkeypatch, damage):
-    from attncircuits.pretrained import write_manifest
+    from attncircuits.manifest import write_manifest
 
     out, partial = tmp_path / "m", tmp_path / "m.partial"
     argv = [*FAST, "--corpus-files", *docs, "--out", out]

@@ -222,7 +222,7 @@ def _forge(saved, weights=None, config=None, tokenizer=None):
     """Rewrite a checkpoint's files and then its manifest, as a tool that rewrites both would."""
     from safetensors.torch import save_file
 
-    from attncircuits.pretrained import write_manifest
+    from attncircuits.manifest import write_manifest
 
     if weights is not None:
         save_file(weights, saved / "model.safetensors")
@@ -271,7 +271,8 @@ def test_shapes_are_compared_before_anything_is_allocated(saved):
 
 
 def test_every_shipped_model_names_its_tokenizer():
-    from attncircuits.pretrained import MODEL_NAMES, sha256
+    from attncircuits.manifest import sha256
+    from attncircuits.pretrained import MODEL_NAMES
 
     for name in MODEL_NAMES:
         ck = load_pretrained(name)

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import durable
-from .pretrained import (
-    PARTIAL_MARKER, RESUME_SUBDIR, check_replaceable, is_checkpoint_dir, partial_dir, swap_into, verify_manifest, write_manifest,
-)
+from .manifest import verify_manifest, write_manifest
+from .pretrained import PARTIAL_MARKER, RESUME_SUBDIR, check_replaceable, is_checkpoint_dir, partial_dir, swap_into
 
 try:
     import fcntl

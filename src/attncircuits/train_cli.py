@@ -30,9 +30,9 @@ from safetensors.torch import load_file
 
 from . import data, durable, run_folder
 from .model import AttnOnlyConfig
+from .manifest import save_weights, sha256, verify_manifest
 from .pretrained import (
-    CORPUS_DIR, PRETRAINED_DIR, RESUME_SUBDIR, check_replaceable, save_weights, sha256,
-    state_dict_for_save, verify_manifest, write_checkpoint_files,
+    CORPUS_DIR, PRETRAINED_DIR, RESUME_SUBDIR, check_replaceable, state_dict_for_save, write_checkpoint_files,
 )
 from .run_folder import RunFolderError, kept
 from .train import (
