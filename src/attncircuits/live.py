@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from . import data
+from . import data, validate
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 from .plotting.base import MAX_WIDTH_IN
 from .pretrained import CORPUS_DIR, load_train_bigram_counts, load_validation_tokens, validation_windows
@@ -244,6 +244,8 @@ def live_train(
     preparation."""
     model_cfg, cfg = live_configs(**overrides)
     check_live_config(model_cfg, cfg)
+    threads = None if threads is None else validate.count(threads, "threads")
+    max_minutes = None if max_minutes is None else validate.number(max_minutes, "max_minutes", 0, above=True)
     old_threads, old_grad = torch.get_num_threads(), torch.is_grad_enabled()
     if threads:
         torch.set_num_threads(threads)

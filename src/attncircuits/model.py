@@ -40,10 +40,9 @@ class AttnOnlyConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"config field {name} must be positive, got {getattr(self, name)}")
-        if self.n_layers < 0:
-            raise ValueError(f"n_layers must be >= 0, got {self.n_layers}")
+            setattr(self, name, validate.count(getattr(self, name), name))
+        self.n_layers = validate.count(self.n_layers, "n_layers", minimum=0)
+        self.init_std_embed = validate.number(self.init_std_embed, "init_std_embed", minimum=0, above=True)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -231,14 +230,8 @@ class AttnOnlyTransformer(nn.Module):
         ``patterns`` replaces a head's attention pattern ``[batch, q, k]`` (freeze or edit it).
         """
         tokens = validate.tokens(self, tokens)
-        per_layer_out: list[dict] = [{} for _ in self.blocks]
-        per_layer_pat: list[dict] = [{} for _ in self.blocks]
-        for key, v in (ablate or {}).items():
-            l, h = validate.head_pair(self, key)
-            per_layer_out[l][h] = torch.as_tensor(v) if isinstance(v, (int, float)) else v
-        for key, p in (patterns or {}).items():
-            l, h = validate.head_pair(self, key)
-            per_layer_pat[l][h] = p
+        per_layer_out = validate.ablations(self, ablate, *tokens.shape)
+        per_layer_pat = validate.patterns(self, patterns, *tokens.shape)
         cache = ActivationCache() if return_cache else None
         resid = self.W_E[tokens]
         for layer, block in enumerate(self.blocks):
