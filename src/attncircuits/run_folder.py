@@ -163,9 +163,11 @@ def open_partial(out: Path, resume: bool, command: list[str]) -> Partial:
             if part.pending and not resume:
                 raise RunFolderError(f"{tmp} holds a finished model not yet in place: add --resume to put it in {out}")
             if (tmp / RESUME_SUBDIR).exists() and not resume:
-                what = f"stopped before step {step}" if step is not None else "its saved state is damaged"
-                raise RunFolderError(f"{tmp} holds an interrupted run ({what}): add --resume to continue it, or "
-                                     f"delete {tmp} to start over")
+                if step is None:
+                    raise RunFolderError(f"{tmp} holds an interrupted run whose saved state is damaged: delete {tmp} "
+                                         "to start over")
+                raise RunFolderError(f"{tmp} holds an interrupted run (stopped before step {step}): add --resume to "
+                                     f"continue it, or delete {tmp} to start over")
             if (tmp / OLD).is_dir() and not part.pending and (out.exists() or out.is_symlink()):
                 part.ended = resume  # stopped after the model was put in place: only the tidying was left
                 clean(tmp, keep_folder=True)

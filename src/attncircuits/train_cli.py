@@ -297,6 +297,9 @@ def _run(args, model_kw: dict, cfg: TrainConfig, out: Path, part: run_folder.Par
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted {stage}; {where}") from None
         if isinstance(err, TrainingDiverged):
+            step = run_folder.saved_step(tmp)
+            where = (f"the last finite state (step {step}) is kept in {tmp}; delete it and run again with a lower --lr"
+                     if step is not None else f"nothing was kept; run again with a lower --lr than {cfg.lr:g}")
             raise Failed(f"{err}; {where}") from None
         if isinstance(err, RunFolderError):
             raise Refused(str(err)) from None

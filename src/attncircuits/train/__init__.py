@@ -237,8 +237,7 @@ class TrainingDiverged(FloatingPointError):
     """The loss became NaN or infinite at ``step`` (learning rate ``lr``); the run stops there."""
 
     def __init__(self, step: int, lr: float, loss: float):
-        super().__init__(f"training diverged at step {step}: the loss is {loss} at learning rate {lr:.3g}; "
-                         "use a lower --lr (lr)")
+        super().__init__(f"training diverged at step {step}: the loss is {loss} at learning rate {lr:.3g}")
         self.step, self.lr, self.loss = step, lr, loss
 
 
