@@ -44,7 +44,18 @@ from attncircuits import interop, losses
 from attncircuits.pretrained import load_checkpoint, load_pretrained
 from attncircuits.widgets.chapters import snapshot_steps_control
 from attncircuits import scores as S
-from attncircuits.circuits import bigrams, composition, factored, induction, paths, skip_trigrams
+from attncircuits import pretrained
+from attncircuits.circuits import (
+    bigrams,
+    composition,
+    copying,
+    factored,
+    factored_matrix,
+    induction,
+    paths,
+    skip_trigrams,
+    two_layer_paths,
+)
 from attncircuits.smeared import SmearedKeyTransformer, train_on_repeated_tokens, varied_repeats
 
 PACKAGE_DIR = Path(attncircuits.__file__).resolve().parent
@@ -285,7 +296,7 @@ def finite(x) -> bool:
         return x.dtype.kind not in "fc" or bool(np.isfinite(x).all())
     if isinstance(x, (float, int)):
         return math.isfinite(x)
-    if isinstance(x, factored.FactoredMatrix):
+    if isinstance(x, factored_matrix.FactoredMatrix):
         return finite(x.A) and finite(x.B)
     if isinstance(x, dict):
         return all(finite(v) for v in x.values())
@@ -519,7 +530,7 @@ def targets() -> list[Target]:
                            Val([2048], False, "tokens=[2048]", ("token",)), Val([], False, "tokens=[]", ("token",)),
                            Val("self", False, "tokens='self' (not a list)", ("token",)), Val(None, False, "tokens=None", ("token",))]},
                check=lambda r: r.ndim == 1 and r.dtype == torch.long))
-    add(Target("skip_trigrams.frequent_tokens", lambda n: skip_trigrams.frequent_tokens(tok(), n), {"n": sizes("n", 1)},
+    add(Target("pretrained.frequent_tokens", lambda n: pretrained.frequent_tokens(tok(), n), {"n": sizes("n", 1)},
                check=lambda r: r.ndim == 1 and len(r) >= 1))
     add(Target("skip_trigrams.top_skip_trigrams", lambda n, layer, k, heads, tokens: skip_trigrams.top_skip_trigrams(_m(n), layer, k, heads, tokens),
                {"n": models(1), **Ln, "k": sizes("k", 1), "heads": head_lists(include_none=True),
@@ -529,7 +540,7 @@ def targets() -> list[Target]:
                             Val([[1, 2]], False, "triples=[[1, 2]]", ("triples",)), Val([[1, 2, D_VOCAB]], False, "triples=d_vocab", ("token",)),
                             Val([[1.5, 2, 3]], False, "triples=float", ("triples", "token")), Val(None, False, "triples=None", ("triples",))],
                 "contexts": token_rows(min_len=3, name="contexts"), "gap": ints("gap", 1, None, include_none=True)}))
-    add(Target("skip_trigrams.copying_summary", lambda n, layer, k, tokens: skip_trigrams.copying_summary(_m(n), layer, k, tokens, n_shuffles=2),
+    add(Target("copying.copying_summary", lambda n, layer, k, tokens: copying.copying_summary(_m(n), layer, k, tokens, n_shuffles=2),
                {"n": models(1), **Ln, "k": sizes("k", 1), "tokens": subsets()}))
     add(Target("skip_trigrams.find_skip_trigram_bugs", lambda layer, k, tokens: skip_trigrams.find_skip_trigram_bugs(m2, layer, counts(), k, 1, 3, tokens),
                {**L, "k": sizes("k", 1), "tokens": subsets()}))
@@ -549,13 +560,13 @@ def targets() -> list[Target]:
                extra=lambda n, writer_layer, reader_layer, n_baseline: (int(writer_layer) < int(reader_layer) < n, ("layer",))))
     add(Target("composition.random_composition_baseline", lambda d_model, d_head, n_samples: composition.random_composition_baseline(d_model, d_head, n_samples),
                {"d_model": sizes("d_model", 1), "d_head": sizes("d_head", 1), "n_samples": sizes("n_samples", 2)}))
-    add(Target("composition.two_layer_path_expansion", lambda n, tokens: composition.two_layer_path_expansion(_m(n), tokens),
+    add(Target("two_layer_paths.two_layer_path_expansion", lambda n, tokens: two_layer_paths.two_layer_path_expansion(_m(n), tokens),
                {"n": models(exactly=2), "tokens": token_rows()}))
-    add(Target("composition.virtual_head_pattern", lambda writer, reader: composition.virtual_head_pattern(_cache2(), writer, reader),
+    add(Target("two_layer_paths.virtual_head_pattern", lambda writer, reader: two_layer_paths.virtual_head_pattern(_cache2(), writer, reader),
                {"writer": heads_of_layer("writer"), "reader": heads_of_layer("reader")}, check=lambda r: r.ndim == 3))
     add(Target("composition.virtual_ov_circuit", lambda n, writer, reader: composition.virtual_ov_circuit(_m(n), writer, reader),
                {"n": models(exactly=2), "writer": heads_of_layer("writer"), "reader": heads_of_layer("reader")}))
-    add(Target("composition.term_importance", lambda n, tokens, batch_size: composition.term_importance(_m(n), tokens, batch_size),
+    add(Target("two_layer_paths.term_importance", lambda n, tokens, batch_size: two_layer_paths.term_importance(_m(n), tokens, batch_size),
                {"n": models(exactly=2), "tokens": token_rows(min_len=2), "batch_size": sizes("batch_size", 1)}))
     add(Target("TermImportance.gain_layer", lambda layer: _term_importance().gain_layer(layer), {**L}))
     # -- circuits/induction.py
@@ -723,7 +734,7 @@ def _head_scores():
 
 @cache
 def _term_importance():
-    return composition.term_importance(model(2), torch.randint(0, D_VOCAB, (2, 8), generator=torch.Generator().manual_seed(4)))
+    return two_layer_paths.term_importance(model(2), torch.randint(0, D_VOCAB, (2, 8), generator=torch.Generator().manual_seed(4)))
 
 
 @cache

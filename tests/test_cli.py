@@ -166,7 +166,7 @@ def test_load_corpus_takes_one_path_or_several(tmp_path, docs):
 
 def _interrupt_at(monkeypatch, step):
     """Press Ctrl-C while the batch of training step ``step`` is being drawn."""
-    calls, make_batch = [], T.make_batch
+    calls, make_batch = [], T.make_batch_checked
 
     def batch_then_ctrl_c(*args):
         calls.append(1)
@@ -174,7 +174,7 @@ def _interrupt_at(monkeypatch, step):
             signal.raise_signal(signal.SIGINT)
         return make_batch(*args)
 
-    monkeypatch.setattr(T, "make_batch", batch_then_ctrl_c)
+    monkeypatch.setattr(T, "make_batch_checked", batch_then_ctrl_c)
 
 
 def _same_run(a, b):

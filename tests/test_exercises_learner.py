@@ -70,6 +70,7 @@ def test_check_mode_reports_a_stale_notebook(tmp_path, capsys):
         "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
     }
     (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/09_x\n")
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
     assert "notebooks/exercises/09_x.ipynb is missing" in capsys.readouterr().out
     assert make_learner.main(["--root", str(tmp_path)]) == 0
@@ -83,6 +84,7 @@ def test_check_mode_reports_a_stale_notebook(tmp_path, capsys):
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 0  # only the hidden solution changed
     solved["cells"][0]["source"] = ["A new first cell.\n"]
     (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/09_x\n")
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
     assert "09_x.ipynb is stale" in capsys.readouterr().out
 

@@ -304,19 +304,29 @@ def test_resume_after_the_corpus_was_edited_is_refused(tmp_path, docs, capsys, m
 
 
 # ---- 9. a diverging run ----------------------------------------------------------------------------
-def test_a_diverging_loss_stops_the_run_and_keeps_the_last_finite_state(tmp_path, docs, capsys):
+def test_a_diverging_loss_stops_the_run_and_keeps_the_last_finite_state(tmp_path, docs, capsys, monkeypatch):
     from attncircuits import train as T
 
     out, partial = tmp_path / "m", tmp_path / "m.partial"
-    code, err = cli(capsys, *FAST, "--steps", "20", "--eval-every", "10", "--corpus-files", *docs, "--out", out,
-                    "--lr", "1e30", "--warmup-steps", "0")
-    assert code == 1 and len(err) == 1 and "training diverged at step" in err[0], err
-    step = int(err[0].split("diverged at step ")[1].split(":")[0])
-    lr = T.lr_at(step, T.TrainConfig(steps=20, lr=1e30, warmup_steps=0))
-    assert f"the loss is nan at learning rate {lr:.3g}; the last finite state (step {step}) is kept in {partial}; delete it and run again with a lower --lr" in err[0]
-    assert not out.exists()
+    code, err = cli(capsys, *FAST, "--corpus-files", *docs, "--out", out, "--lr", "1e30", "--warmup-steps", "0",
+                    "--min-lr-frac", "1")
+    assert code == 1 and len(err) == 1 and "training diverged at step 1: the loss is nan at learning rate 1e+30" in err[0], err
+    assert err[0].endswith("nothing was kept; run again with a lower --lr than 1e+30") and not any(tmp_path.iterdir())
+    calls, loss_fn = [], T.loss_fn
+
+    def nan_from_step_5(logits, *args, **kwargs):  # a training loss NaN at step 5, after the state of step 4
+        calls.append(logits.requires_grad)  # (an evaluation's runs without gradients)
+        loss = loss_fn(logits, *args, **kwargs)
+        return loss * float("nan") if logits.requires_grad and sum(calls) == 6 else loss
+
+    monkeypatch.setattr(T, "loss_fn", nan_from_step_5)
+    code, err = cli(capsys, *FAST, "--steps", "8", "--corpus-files", *docs, "--out", out)
+    lr = T.lr_at(5, T.TrainConfig(steps=8))
+    assert code == 1 and err == [f"python -m attncircuits.train: error: training diverged at step 5: the loss is nan at learning rate "
+                                 f"{lr:.3g}; the last finite state (step 4) is kept in {partial}; delete it and run again with a "
+                                 "lower --lr"]
     state = load_file(partial / "resume" / "state.safetensors")
-    assert all(torch.isfinite(v).all() for k, v in state.items() if k.startswith("model/"))
+    assert not out.exists() and all(torch.isfinite(v).all() for k, v in state.items() if k.startswith("model/"))
 
 
 # ---- 12. a damaged resume state ---------------------------------------------------------------------

@@ -256,6 +256,12 @@ def random_windows(
     batch_size, n_ctx = validate.count(batch_size, "batch_size"), validate.count(n_ctx, "n_ctx")
     if len(tokens) < n_ctx:
         raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than n_ctx={n_ctx}")
+    return random_windows_checked(tokens, batch_size, n_ctx, generator)
+
+
+def random_windows_checked(tokens: Tensor, batch_size: int, n_ctx: int, generator: torch.Generator) -> Tensor:
+    """:func:`random_windows` for checked arguments: ``tokens`` a 1-D int64 tensor of at least
+    ``n_ctx`` ids (the training loop checks its stream once, not at every step)."""
     starts = torch.randint(0, len(tokens) - n_ctx + 1, (batch_size,), generator=generator)
     return torch.stack([tokens[s : s + n_ctx] for s in starts.tolist()])
 
@@ -276,8 +282,18 @@ def repeated_windows(
     batch_size, n_ctx = validate.count(batch_size, "batch_size"), validate.count(n_ctx, "n_ctx", 2)
     max_len = validate.count(n_ctx // 2 if max_len is None else max_len, "max_len", 1, n_ctx)
     min_len = validate.count(min_len, "min_len", 1, max_len, why="the shortest window, at most max_len")
+    tokens = validate.token_ids(tokens, None, "tokens", ndim=1)
+    if len(tokens) < max_len:
+        raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than max_len={max_len}")
+    return repeated_windows_checked(tokens, batch_size, n_ctx, generator, min_len, max_len)
+
+
+def repeated_windows_checked(
+    tokens: Tensor, batch_size: int, n_ctx: int, generator: torch.Generator, min_len: int, max_len: int
+) -> Tensor:
+    """:func:`repeated_windows` for checked arguments (``tokens`` as in :func:`random_windows_checked`)."""
     lens = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator).tolist()
-    windows = random_windows(tokens, batch_size, max_len, generator)
+    windows = random_windows_checked(tokens, batch_size, max_len, generator)
     rows = [windows[i, :L].repeat(n_ctx // L + 1)[:n_ctx] for i, L in enumerate(lens)]
     return torch.stack(rows)
 

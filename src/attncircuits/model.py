@@ -228,10 +228,33 @@ class AttnOnlyTransformer(nn.Module):
         ``ablate`` replaces a head's output ``[batch, pos, d_model]``: ``{(layer, head): 0.0}``
         zero-ablates it; a tensor replaces it; a callable maps the real output to a new one.
         ``patterns`` replaces a head's attention pattern ``[batch, q, k]`` (freeze or edit it).
+        The tokens are checked here (any container of ids; see :func:`attncircuits.validate.tokens`).
         """
         tokens = validate.tokens(self, tokens)
-        per_layer_out = validate.ablations(self, ablate, *tokens.shape)
-        per_layer_pat = validate.patterns(self, patterns, *tokens.shape)
+        return self.forward_checked(tokens, return_cache, validate.ablations(self, ablate, *tokens.shape),
+                                    validate.patterns(self, patterns, *tokens.shape))
+
+    def forward_checked(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        return_cache: bool = False,
+        ablate: Mapping[Head, Tensor | float | Callable] | None = None,
+        patterns: Mapping[Head, Float[Tensor, "batch q k"]] | None = None,
+    ):
+        """:meth:`forward` for tokens already checked: a ``[batch, pos]`` int64 tensor on the model's
+        device, ids in ``[0, d_vocab)``, at most ``n_ctx`` per row. It reads no value of ``tokens``
+        back to the host, so the training loop and the package's functions that checked their input
+        once (at their public boundary) run it without a host-device sync per call. ``ablate`` and
+        ``patterns`` keys are still checked (plain ints, nothing to sync); their values are checked
+        by :meth:`forward` (:func:`attncircuits.validate.ablations`, :func:`~attncircuits.validate.patterns`)."""
+        per_layer_out: list[dict] = [{} for _ in self.blocks]
+        per_layer_pat: list[dict] = [{} for _ in self.blocks]
+        for key, v in (ablate or {}).items():
+            l, h = validate.head_pair(self, key)
+            per_layer_out[l][h] = torch.as_tensor(v) if isinstance(v, (int, float)) else v
+        for key, p in (patterns or {}).items():
+            l, h = validate.head_pair(self, key)
+            per_layer_pat[l][h] = p
         cache = ActivationCache() if return_cache else None
         resid = self.W_E[tokens]
         for layer, block in enumerate(self.blocks):

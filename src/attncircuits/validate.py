@@ -333,20 +333,18 @@ def repeat_args(model, seq_len, n_repeats, batch_size, min_len: int = 1, min_rep
 
 
 # ---- edits of a forward pass --------------------------------------------------------------------
-def ablations(model, value: Any, batch: int, pos: int) -> list[dict]:
-    """``ablate`` of a forward pass on ``[batch, pos]`` tokens, per layer ``{head: replacement}``: each
-    key a ``(layer, head)``, each value a finite number, a float tensor that broadcasts to the head's
-    output ``[batch, pos, d_model]``, or a function of that output."""
-    out: list[dict] = [{} for _ in range(model.cfg.n_layers)]
-    if value is None:
-        return out
-    if not isinstance(value, Mapping):
+def ablations(model, value: Any, batch: int, pos: int) -> dict:
+    """``ablate`` of a forward pass on ``[batch, pos]`` tokens, ``{(layer, head): replacement}``: each
+    value a finite number, a float tensor that broadcasts to the head's output
+    ``[batch, pos, d_model]`` (both returned as tensors), or a function of that output."""
+    out: dict = {}
+    if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"ablate must be a dict {{(layer, head): replacement}}, got {_short(value)}")
     want = (batch, pos, model.cfg.d_model)
-    for key, v in value.items():
+    for key, v in (value or {}).items():
         l, h = head_pair(model, key)
         if callable(v) and not isinstance(v, Tensor):
-            out[l][h] = v
+            out[(l, h)] = v
             continue
         what = f"ablate[{(l, h)}]"
         if isinstance(v, bool) or not isinstance(v, (int, float, np.number, np.ndarray, Tensor)):
@@ -360,20 +358,18 @@ def ablations(model, value: Any, batch: int, pos: int) -> list[dict]:
         if not fits:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, which does not fit the head's output [batch, pos, d_model] = "
                              f"{list(want)}")
-        out[l][h] = t
+        out[(l, h)] = t
     return out
 
 
-def patterns(model, value: Any, batch: int, pos: int) -> list[dict]:
-    """``patterns`` of a forward pass on ``[batch, pos]`` tokens, per layer ``{head: pattern}``: each a
+def patterns(model, value: Any, batch: int, pos: int) -> dict:
+    """``patterns`` of a forward pass on ``[batch, pos]`` tokens, ``{(layer, head): pattern}``: each a
     float tensor ``[q, k]`` or ``[batch, q, k]`` (at least ``pos`` square; it is cut to ``pos``) whose
     rows are attention weights: >= 0, summing to 1."""
-    out: list[dict] = [{} for _ in range(model.cfg.n_layers)]
-    if value is None:
-        return out
-    if not isinstance(value, Mapping):
+    out: dict = {}
+    if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"patterns must be a dict {{(layer, head): pattern}}, got {_short(value)}")
-    for key, p in value.items():
+    for key, p in (value or {}).items():
         l, h = head_pair(model, key)
         what = f"patterns[{(l, h)}]"
         t = _float_tensor(p, what)
@@ -386,7 +382,7 @@ def patterns(model, value: Any, batch: int, pos: int) -> list[dict]:
             raise ValueError(f"{what} is not an attention pattern: each query's weights must be >= 0 and sum to 1 over the "
                              f"keys (got weights from {float(rows.min()):.3g} and row sums from {float(sums.min()):.3g} "
                              f"to {float(sums.max()):.3g})")
-        out[l][h] = t
+        out[(l, h)] = t
     return out
 
 
@@ -397,9 +393,7 @@ def _float_tensor(value: Any, what: str) -> Tensor:
         t = torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{what} must be a float tensor, got {_short(value)}") from None
-    if t.dtype == torch.bool or t.is_complex():
-        raise TypeError(f"{what} must be a float tensor, got dtype {t.dtype}")
-    t = t if t.is_floating_point() else t.float()
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{what} holds NaN or infinite values")
-    return t
+    if t.dtype == torch.bool or t.is_complex() or not bool(torch.isfinite(t).all()):
+        raise (TypeError if t.dtype == torch.bool or t.is_complex() else ValueError)(
+            f"{what} must hold finite real numbers, got {_short(value)}")
+    return t if t.is_floating_point() else t.float()

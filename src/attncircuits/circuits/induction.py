@@ -29,14 +29,14 @@ from torch import Tensor
 
 from .. import validate
 from ..model import AttnOnlyTransformer
-from .factored import FactoredMatrix, _ov
-from .skip_trigrams import eigen_copying_score
+from .factored import ov_factors
+from .factored_matrix import FactoredMatrix
+from .copying import eigen_copying_score
 
 __all__ = [
     "InductionEigen",
     "induction_eigen_positivity",
     "k_composition_circuit",
-    "ov_copying_accuracy",
     "writer_ov",
 ]
 
@@ -108,18 +108,5 @@ def induction_eigen_positivity(
     """The paper's QK-vs-OV scatter data for every head of ``layer`` (eigenvalues via ``BA``)."""
     layer, writers = _reader(model, layer, writers)
     qk = eigen_copying_score(_k_composition(model, slice(None), writers, layer).eigenvalues())
-    ov = eigen_copying_score(_ov(model, layer, slice(None)).eigenvalues())
+    ov = eigen_copying_score(ov_factors(model, layer, slice(None)).eigenvalues())
     return InductionEigen(layer, qk.float(), ov.float())
-
-
-@torch.no_grad()
-def ov_copying_accuracy(model: AttnOnlyTransformer, heads) -> float:
-    """Fraction of tokens whose largest output logit, in the summed full OV circuit
-    ``W_E (Σ_h W_V^h W_O^h) W_U`` of ``heads`` (a ``(layer, head)`` pair or a list of them), is the
-    token itself: top-1 "copies itself"."""
-    heads = validate.heads(model, heads)
-    if not heads:
-        raise ValueError("heads is empty; pass at least one (layer, head) pair")
-    ov = sum(model.blocks[l].W_V[h] @ model.blocks[l].W_O[h] for l, h in heads)
-    top = torch.cat([(model.W_E[i : i + 512] @ ov @ model.W_U).argmax(-1) for i in range(0, model.cfg.d_vocab, 512)])
-    return float((top == torch.arange(model.cfg.d_vocab, device=top.device)).float().mean())

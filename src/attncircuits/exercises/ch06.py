@@ -16,7 +16,7 @@ from einops import einsum
 from torch import Tensor
 
 from .. import handbuilt, losses, scores
-from ..circuits.induction import ov_copying_accuracy
+from ..circuits.copying import ov_copying_accuracy
 from ..losses import mean_ablation
 from ..model import AttnOnlyTransformer
 from ..pretrained import validation_windows

@@ -13,7 +13,7 @@ import torch
 
 from .. import losses
 from ..circuits.factored import full_ov_circuit
-from ..circuits.skip_trigrams import eigen_copying_score
+from ..circuits.copying import eigen_copying_score
 from ..interop import from_transformer_lens, induction_stripe_scores, to_transformer_lens, zero_head_hook
 from ._core import Case, Diagnosis, random_model, run_check, shipped
 

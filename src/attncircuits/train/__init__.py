@@ -15,9 +15,7 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,7 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import data
+from .. import data, durable, validate
 from ..losses import in_context_learning_score, repeated_token_loss
 from ..model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 from ..pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
@@ -180,17 +178,26 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_batch(tokens, cfg: TrainConfig, n_ctx: int, g: torch.Generator) -> torch.Tensor:
+    """One training batch from the token stream ``tokens`` (any container of ids): windows of text,
+    windows of text repeated, and random tokens repeated, in the proportions of ``cfg``."""
+    stream = validate.token_ids(tokens, None, "tokens", ndim=1)
+    if len(stream) < n_ctx:
+        raise ValueError(f"the token stream has {len(stream)} tokens, fewer than n_ctx={n_ctx}")
+    return make_batch_checked(stream, cfg, n_ctx, g, int(stream.max()) + 1)
+
+
+def make_batch_checked(stream: torch.Tensor, cfg: TrainConfig, n_ctx: int, g: torch.Generator, d_vocab: int) -> torch.Tensor:
+    """:func:`make_batch` for a checked stream (1-D int64, at least ``n_ctx`` ids; random tokens are
+    drawn below ``d_vocab``): nothing is converted, scanned or read back, so a step waits for nothing."""
     n_rep = round(cfg.repeat_frac * cfg.batch_size)
     n_rand = round(cfg.random_repeat_frac * cfg.batch_size)
-    parts = [data.random_windows(tokens, cfg.batch_size - n_rep - n_rand, n_ctx, g)]
+    parts = [data.random_windows_checked(stream, cfg.batch_size - n_rep - n_rand, n_ctx, g)]
     if n_rep:
-        parts.append(data.repeated_windows(tokens, n_rep, n_ctx, g))
+        parts.append(data.repeated_windows_checked(stream, n_rep, n_ctx, g, 8, n_ctx // 2))
     if n_rand:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
         L = int(torch.randint(8, n_ctx // 2, (1,), generator=g))
-        rows = data.repeated_random_tokens(n_rand, L, n_ctx // L + 1, n_ctx=None, seed=seed,
-                                           d_vocab=int(tokens.max()) + 1)[:, :n_ctx]
-        parts.append(rows)
+        parts.append(data.repeated_rows(n_rand, L, n_ctx // L + 1, d_vocab, seed)[:, :n_ctx])
     return torch.cat(parts)
 
 
@@ -241,27 +248,6 @@ class TrainingDiverged(FloatingPointError):
         self.step, self.lr, self.loss = step, lr, loss
 
 
-@contextmanager
-def _stop_between_steps():
-    """While training, the first Ctrl-C only asks to stop at the next step boundary (so the state
-    saved for ``--resume`` is never half an optimizer step); a second one interrupts at once."""
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested
-        return
-
-    def handler(signum, frame):
-        if requested.is_set():
-            raise KeyboardInterrupt
-        requested.set()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def train(
     model_cfg: AttnOnlyConfig,
     cfg: TrainConfig,
@@ -280,8 +266,9 @@ def train(
     :class:`TrainingInterrupted`; passing such a state as ``resume`` continues the run exactly
     where it stopped: on the same machine the result is bit-identical to an uninterrupted run.
 
-    A NaN or infinite loss raises :class:`TrainingDiverged` naming the step and the learning rate;
-    ``save_state`` then receives the state before that step, when its weights are finite.
+    A NaN or infinite loss raises :class:`TrainingDiverged` naming its step and learning rate, at the
+    next point where the loss is read (every 10th step with ``progress``, every evaluation), before
+    any state is saved: the last state ``save_state`` received is then the last finite one.
 
     ``callback(step, model, row)`` runs after each evaluation (``row``: that step's history entries);
     when it returns True, training stops there (see ``live.py``).
@@ -301,8 +288,16 @@ def train(
     val_g = torch.Generator().manual_seed(VALIDATION_SEED)
     n_ctx = model_cfg.n_ctx
     val_batches = torch.stack([data.random_windows(val_tokens, cfg.batch_size, n_ctx, val_g) for _ in range(cfg.eval_batches)])
+    # The training stream is checked once, here: every step then slices it as it is.
+    stream = validate.token_ids(train_tokens, model_cfg.d_vocab, "train_tokens", ndim=1)
+    if len(stream) < n_ctx:
+        raise ValueError(f"train_tokens has {len(stream)} tokens, fewer than n_ctx={n_ctx}; train on a longer text")
+    stream_vocab = int(stream.max()) + 1
     history: dict = {"step": [], "tokens": [], "train_loss": [], "lr": [], "wall_s": []}
     snapshots: dict[int, dict] = {}
+    # The loss's moving average stays on the device (float64 where the device has it), read back
+    # only at evaluations and every 10th step for the bar: a training step waits for nothing.
+    ema_dtype = torch.float32 if dev.type == "mps" else torch.float64
     start, ema, wall0 = 0, None, 0.0
     if resume is not None:
         start, ema, wall0 = resume["step"], resume["ema"], resume["wall_s"]
@@ -314,28 +309,42 @@ def train(
         torch.set_rng_state(resume["torch_rng"])
         history = {k: list(v) for k, v in resume["history"].items()}
         snapshots = dict(resume["snapshots"])
+    ema_t = None if ema is None else torch.tensor(ema, dtype=ema_dtype, device=dev)
+    # the first step whose loss was NaN or infinite, and that loss, kept on the device like the
+    # moving average and read where it is: a diverged run stops there, before it saves a state
+    bad_step = bad_loss = torch.tensor(-1.0, dtype=ema_dtype, device=dev)
+
+    def ema_value() -> float | None:
+        if int(bad_step) >= 0:
+            raise TrainingDiverged(int(bad_step), lr_at(int(bad_step), cfg), float(bad_loss))
+        return None if ema_t is None else float(ema_t)
+
     t0 = time.time() - wall0
 
     def state(step: int) -> dict:
-        return {"step": step, "ema": ema, "wall_s": time.time() - t0, "history": history, "snapshots": snapshots,
+        return {"step": step, "ema": ema_value(), "wall_s": time.time() - t0, "history": history, "snapshots": snapshots,
                 "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
                 "optimizer": opt.state_dict()["state"], "generator": g.get_state(), "torch_rng": torch.get_rng_state()}
 
     bar = tqdm(range(start, cfg.steps + 1), disable=not progress, desc=f"{model_cfg.n_layers}L", mininterval=0.5,
                initial=start, total=cfg.steps + 1)
-    with _stop_between_steps() as stop_requested:
+    # the first Ctrl-C only asks to stop at the next step boundary (so a state saved for --resume is
+    # never half an optimizer step); a second one interrupts at once
+    with durable.hold_signals((signal.SIGINT,)) as stop_requested:
         for step in bar:
-            if stop_requested.is_set():
+            if stop_requested:
                 if save_state is not None:
                     save_state(state(step))
                 raise TrainingInterrupted(step)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                ema_value()
             if save_state is not None and step % cfg.eval_every == 0 and start < step < cfg.steps:
                 save_state(state(step))
             if step in cfg.snapshot_steps:
                 snapshots[step] = state_dict_for_save(model)
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 ev = evaluate(model, val_batches)
-                for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema,
+                for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema_value(),
                                  "lr": lr_at(step, cfg), "wall_s": time.time() - t0, **ev}.items():
                     history.setdefault(key, []).append(val)
                 if progress:
@@ -346,20 +355,19 @@ def train(
                 continue  # the last step only evaluates; the bar then ends at its total
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)
-            loss = loss_fn(model(batch), batch)
-            if not torch.isfinite(loss):  # stop at once, keeping the last finite state for the caller
-                if save_state is not None and all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-                    save_state(state(step))
-                raise TrainingDiverged(step, lr_at(step, cfg), loss.item())
+            batch = make_batch_checked(stream, cfg, n_ctx, g, stream_vocab).to(dev)
+            loss = loss_fn(model.forward_checked(batch), batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-            if step % 10 == 0:
+            loss_t = loss.detach().to(ema_dtype)
+            newly = ~torch.isfinite(loss_t) & (bad_step < 0)
+            bad_step, bad_loss = torch.where(newly, step, bad_step), torch.where(newly, loss_t, bad_loss)
+            ema_t = loss_t if ema_t is None else 0.98 * ema_t + 0.02 * loss_t
+            if step % 10 == 0 and progress:
                 tps = (step + 1 - start) * cfg.batch_size * n_ctx / (time.time() - t0 - wall0)
-                bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
+                bar.set_postfix(loss=f"{ema_value():.3f}", tok_s=f"{tps:,.0f}")
     history["tokens_per_s"] = step * cfg.batch_size * n_ctx / (time.time() - t0)
     model.eval()
     return model, history, snapshots

@@ -13,7 +13,7 @@ from attncircuits import handbuilt as hb
 from attncircuits import loss_fn, smeared
 from attncircuits import losses
 from attncircuits import scores as S
-from attncircuits.circuits.induction import ov_copying_accuracy
+from attncircuits.circuits.copying import ov_copying_accuracy
 from attncircuits.exercises import ch05, ch06, ch07, ch08
 from attncircuits.scores import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
 
