@@ -1,5 +1,8 @@
-"""A fuzz of the public analysis API: every function that takes token ids, heads, layers, token
-strings or sizes, called with valid and invalid values of each, and every call classified.
+"""A fuzz of the public API: every function that takes token ids, heads, layers, token strings or
+sizes, and the arguments a user types beside them (ablation values and attention patterns, the
+positions a loss averages, config fields, checkpoint paths, devices, models to convert), called
+with valid and invalid values of each, and every call classified. Token ids come also as values
+that hold none: meta-device tensors, ragged lists, single numbers.
 
 Each argument is drawn from a pool of values of its kind, every value marked valid or invalid for
 that kind (``Val``); a call is valid when all its values are and the model meets the function's
