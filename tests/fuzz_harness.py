@@ -623,6 +623,14 @@ def targets() -> list[Target]:
                               Val("x" * 300, False, "directory='x' * 300", ("directory",)),
                               Val("/nonexistent/ck", False, "directory=missing", ("directory",))],
                 "device": devices()}, examples=6, check=lambda r: r.model.cfg.n_layers == 2))
+    add(Target("data.load_corpus", lambda paths: data.load_corpus(paths), {"paths": corpus_paths()}, examples=6,
+               check=lambda r: len(r.train) >= 1))
+    add(Target("data.load_tokenizer", lambda path: data.load_tokenizer(path),
+               {"path": [Val(_tokenizer_path(), True, "path=Path"), Val(str(_tokenizer_path()), True, "path=str"),
+                         Val(4, False, "path=4", ("tokenizer",)), Val(None, False, "path=None", ("tokenizer",)),
+                         Val("x" * 300, False, "path='x' * 300", ("tokenizer",)),
+                         Val("/nonexistent/tokenizer.json", False, "path=missing", ("tokenizer",))]},
+               examples=4, check=lambda r: r.get_vocab_size() == 2048))
     add(Target("interop.to_transformer_lens", lambda model: interop.to_transformer_lens(model),
                {"model": [Val(model(1), True, "model=ours"), Val(None, False, "model=None", ("model",)),
                           Val(_tl_model(), False, "model=HookedTransformer", ("model",)), Val(4, False, "model=4", ("model",))]},
@@ -701,6 +709,27 @@ def _history() -> dict:
     """A two-layer history whose best head's score rises in both layers."""
     rise = [0.0, 0.1, 0.2, 0.6, 0.9, 0.95]
     return {"step": [0, 10, 20, 30, 40, 50], "prefix_matching": [[[r, r / 2], [r, 0.1]] for r in rise]}
+
+
+def corpus_paths() -> list[Val]:
+    w = ("corpus",)
+    return [Val(_text_file(), True, "paths=Path"), Val(str(_text_file()), True, "paths=str"), Val([_text_file()], True, "paths=[Path]"),
+            Val(4, False, "paths=4", w), Val([4], False, "paths=[4]", w), Val(b"a.txt", False, "paths=b'a.txt'", w),
+            Val("x" * 300, False, "paths='x' * 300", w), Val("/nonexistent.txt", False, "paths=missing", w),
+            Val([], False, "paths=[]", w)]
+
+
+@cache
+def _text_file() -> Path:
+    p = Path(tempfile.mkdtemp(prefix="fuzz-text-")) / "a.txt"
+    p.write_text("def f(x):\n    return x\n" * 20)
+    return p
+
+
+def _tokenizer_path() -> Path:
+    from attncircuits.pretrained import CORPUS_DIR
+
+    return CORPUS_DIR / "tokenizer.json"
 
 
 @cache

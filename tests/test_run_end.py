@@ -163,7 +163,7 @@ def test_a_kill_at_any_step_of_the_save_is_completed_by_resume(tmp_path, docs, c
 def test_a_state_left_as_resume_new_is_continued(tmp_path, docs, capsys, monkeypatch, reference):
     from attncircuits import train as T
 
-    calls, make_batch = [], T.make_batch
+    calls, make_batch = [], T.make_batch_checked
 
     def ctrl_c_at_step_3(*args):
         calls.append(1)
@@ -171,7 +171,7 @@ def test_a_state_left_as_resume_new_is_continued(tmp_path, docs, capsys, monkeyp
             signal.raise_signal(signal.SIGINT)
         return make_batch(*args)
 
-    monkeypatch.setattr(T, "make_batch", ctrl_c_at_step_3)
+    monkeypatch.setattr(T, "make_batch_checked", ctrl_c_at_step_3)
     out, partial = tmp_path / "m", tmp_path / "m.partial"
     argv = [*FAST, "--corpus-files", *docs, "--out", out]
     assert cli(capsys, *argv)[0] == 130

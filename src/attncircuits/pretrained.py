@@ -18,7 +18,6 @@ reader's Python version.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,9 +250,7 @@ def check_device(device) -> torch.device:
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:
     """Load any checkpoint directory written by :func:`save_checkpoint` (hashes checked first)."""
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (str or Path), got {type(directory).__name__}")
-    directory = Path(directory)
+    directory = validate.path(directory, "directory")
     device = check_device(device)
     try:
         exists = directory.is_dir()

@@ -17,6 +17,8 @@ in any container a user has (lists, numpy arrays of any integer type, including 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -61,6 +63,13 @@ def number(value: Any, name: str, minimum: float | None = None, above: bool = Fa
     if minimum is not None and (value < minimum or above and value == minimum):
         raise ValueError(f"{name} must be {'above' if above else 'at least'} {minimum}, got {value!r}")
     return float(value)
+
+
+def path(value: Any, name: str) -> Path:
+    """A file or folder name (a ``str`` or ``os.PathLike``; not an int, None or bytes) as a Path."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or Path), got {_short(value)}")
+    return Path(value)
 
 
 # ---- model depth, layers and heads --------------------------------------------------------------
@@ -348,14 +357,9 @@ def ablations(model, value: Any, batch: int, pos: int) -> dict:
             continue
         what = f"ablate[{(l, h)}]"
         if isinstance(v, bool) or not isinstance(v, (int, float, np.number, np.ndarray, Tensor)):
-            raise TypeError(f"{what} must be a number, a tensor [batch, pos, d_model] or a function of the head's output, "
-                            f"got {_short(v)}")
+            raise TypeError(f"{what} must be a number, a tensor [batch, pos, d_model] or a function, got {_short(v)}")
         t = _float_tensor(v, what)
-        try:
-            fits = torch.broadcast_shapes(t.shape, want) == want
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if len(t.shape) > 3 or any(a not in (1, b) for a, b in zip(reversed(t.shape), reversed(want))):
             raise ValueError(f"{what} has shape {tuple(t.shape)}, which does not fit the head's output [batch, pos, d_model] = "
                              f"{list(want)}")
         out[(l, h)] = t
@@ -376,12 +380,10 @@ def patterns(model, value: Any, batch: int, pos: int) -> dict:
         if t.ndim not in (2, 3) or t.shape[-1] != t.shape[-2] or t.shape[-1] < pos or t.ndim == 3 and t.shape[0] not in (1, batch):
             raise ValueError(f"{what} has shape {tuple(t.shape)}; a pattern is [q, k] or [batch, q, k] with q = k >= {pos} "
                              f"(the tokens' length) and batch 1 or {batch}")
-        rows = t[..., :pos, :pos]
-        sums = rows.sum(-1)
+        rows, sums = t[..., :pos, :pos], t[..., :pos, :pos].sum(-1)
         if bool((rows < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
-            raise ValueError(f"{what} is not an attention pattern: each query's weights must be >= 0 and sum to 1 over the "
-                             f"keys (got weights from {float(rows.min()):.3g} and row sums from {float(sums.min()):.3g} "
-                             f"to {float(sums.max()):.3g})")
+            raise ValueError(f"{what} is not an attention pattern: each query's weights must be >= 0 and sum to 1 over the keys "
+                             f"(got weights from {float(rows.min()):.3g}, row sums {float(sums.min()):.3g}..{float(sums.max()):.3g})")
         out[(l, h)] = t
     return out
 
@@ -394,6 +396,5 @@ def _float_tensor(value: Any, what: str) -> Tensor:
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{what} must be a float tensor, got {_short(value)}") from None
     if t.dtype == torch.bool or t.is_complex() or not bool(torch.isfinite(t).all()):
-        raise (TypeError if t.dtype == torch.bool or t.is_complex() else ValueError)(
-            f"{what} must hold finite real numbers, got {_short(value)}")
+        raise ValueError(f"{what} must hold finite real numbers, got {_short(value)}")
     return t if t.is_floating_point() else t.float()
