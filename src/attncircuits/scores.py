@@ -30,7 +30,7 @@ SCORES = ("previous_token", "prefix_matching", "copying")
 
 
 def _patterns(model: AttnOnlyTransformer, tokens: Tensor, **forward_kwargs) -> Float[Tensor, "layer batch head q k"]:
-    _, cache = model.run_with_cache(tokens, **forward_kwargs)
+    _, cache = model.forward_checked(tokens, return_cache=True, **forward_kwargs)
     return torch.stack(cache.pattern)
 
 
@@ -134,8 +134,8 @@ def copying_scores(
     """
     validate.depth(model, "attention heads to score")
     seq_len, _, batch_size = validate.repeat_args(model, seq_len, 1, batch_size)
-    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed)
-    _, cache = model.run_with_cache(toks)
+    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed).to(next(model.parameters()).device)
+    _, cache = model.forward_checked(toks, return_cache=True)
     src = toks[:, 1:].flatten()  # the random tokens (the start token is left out)
     out = torch.empty(model.cfg.n_layers, model.cfg.n_heads)
     for layer, block in enumerate(model.blocks):
@@ -235,7 +235,7 @@ def qk_score_terms(
     validate.depth(model, "splitting a layer-1 head's scores by source", at_least=2)
     tokens = validate.tokens(model, tokens)
     head = validate.head(model, head)
-    _, cache = model.run_with_cache(tokens)
+    _, cache = model.forward_checked(tokens, return_cache=True)
     n = tokens.shape[1]
     parts = [model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)]
     parts += [cache.head_out[0][:, :, a] for a in range(model.cfg.n_heads)]
@@ -260,7 +260,7 @@ def logit_attribution(
     direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
     With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
     tokens = validate.tokens(model, tokens, 2, "a next token to attribute")
-    _, cache = model.run_with_cache(tokens)
+    _, cache = model.forward_checked(tokens, return_cache=True)
     parts = [(model.W_E[tokens] @ model.W_U)[:, :, None]] + [out @ model.W_U for out in cache.head_out]
     return next_token_contributions(parts, tokens, centered=False)
 
@@ -270,7 +270,7 @@ def two_back_accuracy(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos
     """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
     back = validate.count(back, "back")
     tokens = validate.tokens(model, tokens, back + 1, f"a token {back} back")
-    logits = model(tokens)
+    logits = model.forward_checked(tokens)
     return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
 
 
