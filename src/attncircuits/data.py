@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,13 @@ def _read_stdlib_file(path: Path) -> str:  # the rule the shipped corpus files w
     return path.read_bytes().decode("utf-8", errors="replace")
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:  # e.g. a name too long for the file system
+        return False
+
+
 def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: str | Path | None = None) -> Corpus:
     """Load the default corpus (``paths=None``) or local text files (one path or several).
 
@@ -109,10 +117,12 @@ def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: st
         paths = stdlib_files(root)
         read = _read_stdlib_file
     else:
-        paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Iterable):
+            paths = [paths]
+        paths = [validate.path(p, "corpus file") for p in paths]
         if not paths:
             raise ValueError("no corpus files given: pass at least one text file")
-        missing = [str(p) for p in paths if not p.is_file()]
+        missing = [str(p)[:80] for p in paths if not _is_file(p)]
         if missing:
             raise FileNotFoundError(f"corpus files not found: {missing[:5]}; pass existing text files")
         root, read = None, read_text_file
@@ -156,8 +166,8 @@ def load_tokenizer(path: str | Path):
     """Load a tokenizer JSON file, with a message that names the fix when it is missing."""
     from tokenizers import Tokenizer
 
-    path = Path(path)
-    if not path.is_file():
+    path = validate.path(path, "tokenizer path")
+    if not _is_file(path):
         raise FileNotFoundError(
             f"tokenizer file {path} not found; re-train with `make train` or restore it with "
             "`git checkout -- src/attncircuits/pretrained`"

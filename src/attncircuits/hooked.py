@@ -168,3 +168,10 @@ def config_of(model) -> AttnOnlyConfig | HookedConfig:
     fields = [name for name in HookedConfig.__dataclass_fields__ if name != "sinusoidal_positions"]
     fixed = not model.pos_embed.W_pos.requires_grad
     return HookedConfig(**{name: getattr(model.cfg, name) for name in fields}, sinusoidal_positions=fixed)
+
+
+def expected_shapes(cfg: HookedConfig) -> dict[str, tuple]:
+    """The shape of every parameter a checkpoint of this config holds, found without allocating any
+    memory (on torch's meta device)."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        return {k: tuple(v.shape) for k, v in weights(cfg.build()).items()}

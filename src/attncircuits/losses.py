@@ -329,7 +329,17 @@ def ablation_effects(
     ``heads`` limits the work to some heads (the others are NaN); default: every head."""
     mode = _check_mode(mode)
     tokens = validate.tokens(model, tokens, 2, LOSS)
+    n = tokens.shape[1] - 1  # per-token losses: one per position that has a next token
     targets = slice(None) if targets is None else targets
+    if isinstance(targets, slice):
+        if not len(range(n)[targets]):
+            raise ValueError(f"targets={targets} picks none of the {n} target positions; pass positions in 0..{n - 1}")
+    elif isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
+        raise TypeError(f"targets must be a slice or a list of target positions, got {targets!r}")
+    else:
+        targets = [validate.in_range(t, n, "target", "target positions (one per next-token loss)") for t in targets]
+        if not targets:
+            raise ValueError("targets is empty; pass at least one target position, or None for all")
     if heads is None:
         heads = [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
     else:

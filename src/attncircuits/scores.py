@@ -332,9 +332,11 @@ def phase_change_step(history: dict, key: str = "prefix_matching", layer: int = 
     evaluations, and for an S-shaped rise it is the same moment."""
     if key not in history or "step" not in history:
         raise KeyError(f"history has no {key!r} or 'step' column; available: {sorted(history)}")
-    if not 0 < frac < 1:
+    if not 0 < validate.number(frac, "frac") < 1:
         raise ValueError(f"frac={frac} must be between 0 and 1 (0.5: the midpoint of the rise)")
-    best = [max(v[layer]) for v in history[key] if v is not None]
+    rows = [v for v in history[key] if v is not None]
+    layer = validate.in_range(layer, len(rows[0]) if rows else 0, "layer", f"layers in history[{key!r}]")
+    best = [max(v[layer]) for v in rows]
     steps = [s for s, v in zip(history["step"], history[key]) if v is not None]
     if len(best) < 2 or best[-1] <= best[0]:
         raise ValueError(f"the best layer-{layer} {key!r} score never rises in this history; there is no phase change to locate")
