@@ -74,9 +74,9 @@ def check_bigram_counts(bigram_counts) -> bool:
         Diagnosis("the last pair is missing", lambda e, c: _pairs(*c.args, drop_last=True)),
     ]
     loop = Method(
-        "a Python loop over the tokens (more than 5,000 lines of Python run for 20,000 tokens); count all pairs "
+        "a Python loop over the tokens (more than 2,000 torch calls for 20,000 tokens); count all pairs "
         "at once: torch.bincount of a * d_vocab + b",
-        max_lines=5_000,
+        max_calls=2_000,
     )
     return run_check(
         bigram_counts, cases, count_bigrams, mistakes, method=loop,
