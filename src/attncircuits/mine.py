@@ -71,9 +71,11 @@ def check_corpus(corpus: data.Corpus, vocab: int, min_train: int, min_val: int) 
     n_train = len(data.tokenize_documents(tok, corpus.train))
     n_val = len(data.tokenize_documents(tok, corpus.validation))
     if n_train < min_train or n_val < min_val:
+        # about one file in ten is held out for validation, so the validation minimum usually binds
+        need = max(min_train / 0.9, min_val / 0.1) * corpus.n_bytes / max(1, n_train + n_val)
         raise Refused(f"the corpus is too small: {n_train:,} training and {n_val:,} validation tokens ({corpus.describe()}); "
-                      f"the course needs at least {min_train:,} and {min_val:,} (about {3 * (min_train + min_val) / 1e6:.0f} MB "
-                      "of text; about one file in ten is held out for validation): add more files")
+                      f"the course needs at least {min_train:,} and {min_val:,}, about {need / 1e6:.1f} MB of such text "
+                      "(one file in ten is held out for validation): add more files")
     fd, path = tempfile.mkstemp(suffix="-tokenizer.json")
     os.close(fd)
     tok.save(path)
