@@ -106,6 +106,8 @@ screenshots: venv
 # Every stage runs even when an earlier one failed; the last line names each failed stage and the
 # exit status is non-zero if any failed. A new stage is one more `stage NAME command...; \` line.
 # nbval collects notebooks/ recursively: the learner's notebooks/exercises/ run too (stubs: "not attempted yet").
+# The tests are about the shipped models, whatever set ATTNCIRCUITS_MODELS names in the shell (empty = unset).
+test: export ATTNCIRCUITS_MODELS =
 test: venv
 	@failed=; stage() { name=$$1; shift; echo "==> make test: $$name"; "$$@" || failed="$$failed $$name"; }; \
 	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \
