@@ -20,7 +20,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train bench clean venv screenshots
+.PHONY: book book-assets test train replicate train-mine bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -117,6 +117,8 @@ screenshots: venv
 # Every stage runs even when an earlier one failed; the last line names each failed stage and the
 # exit status is non-zero if any failed. A new stage is one more `stage NAME command...; \` line.
 # nbval collects notebooks/ recursively: the learner's notebooks/exercises/ run too (stubs: "not attempted yet").
+# The tests are about the shipped models, whatever set ATTNCIRCUITS_MODELS names in the shell (empty = unset).
+test: export ATTNCIRCUITS_MODELS =
 test: venv
 	@failed=; stage() { name=$$1; shift; echo "==> make test: $$name"; "$$@" || failed="$$failed $$name"; }; \
 	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \
@@ -135,6 +137,22 @@ train: venv
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-1l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset attn-only-2l --threads 1 --overwrite
 	cd src && ../$(PY) -m attncircuits.train --preset ln-mlp-4l --threads 1 --overwrite
+
+# Replicates: the three attention-only models trained with seed SEED into replicates/seed-SEED
+# (about 35 min on 2 cores), every chapter run against them under nbval (failing cells are counted,
+# the run goes on) and replicates/seed-SEED/results.json written (headline numbers, cells and
+# claims held per chapter). Rerun the same command to continue after Ctrl-C or a crash;
+# `nohup make replicate SEED=2 &` runs it in the background. Then: export ATTNCIRCUITS_MODELS=...
+SEED ?= 1
+replicate: venv
+	$(PY) -m attncircuits.replicate --seed $(SEED)
+
+# The three models trained on your own text files (a tokenizer of 512 tokens, a faster recipe: see
+# attncircuits/mine.py), into OUT; prints the line that points the course at them.
+# make train-mine CORPUS='path/**/*.py' OUT=DIR   (quote the pattern; rerun to continue)
+train-mine: venv
+	@test -n "$(CORPUS)" -a -n "$(OUT)" || { echo "usage: make train-mine CORPUS='path/**/*.py' OUT=DIR" >&2; exit 2; }
+	$(PY) -m attncircuits.mine '$(CORPUS)' --out '$(OUT)'
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv

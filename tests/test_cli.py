@@ -194,7 +194,7 @@ def test_ctrl_c_keeps_a_state_that_resume_finishes_exactly(tmp_path, docs, capsy
     assert code == 130 and len(err) == 1 and "interrupted before step 6 of 8" in err[0] and "--resume" in err[0]
     assert signal.getsignal(signal.SIGINT) is handler  # the caller's handler is back
     partial = tmp_path / "cut.partial"
-    assert not (tmp_path / "cut").exists() and {"in-progress.json", "tokenizer.json", "resume/manifest.json",
+    assert not (tmp_path / "cut").exists() and {"in-progress.json", "corpus/tokenizer.json", "resume/manifest.json",
                                                 "resume/state.json", "resume/state.safetensors"} <= set(listing(partial))
     assert json.loads((partial / "resume" / "state.json").read_text())["step"] == 6
     monkeypatch.undo()

@@ -46,7 +46,7 @@ def vocab_map(d_vocab: int) -> np.ndarray:
     n = data.DEFAULT_VOCAB_SIZE
     if not 2 <= d_vocab <= n:
         raise ValueError(f"d_vocab={d_vocab} must be between 2 and the shipped vocabulary's {n}")
-    prev, _, count = load_train_bigram_counts()
+    prev, _, count = load_train_bigram_counts(CORPUS_DIR)  # the live run reads the shipped corpus, whatever the set
     freq = np.bincount(prev.numpy(), weights=count.numpy(), minlength=n)
     freq[0] = np.inf  # the document separator keeps id 0
     rank = np.empty(n, dtype=np.int64)
@@ -61,14 +61,14 @@ def live_streams(d_vocab: int, file_stride: int = 8) -> tuple[np.ndarray, np.nda
     tok = data.load_tokenizer(CORPUS_DIR / "tokenizer.json")
     new = vocab_map(d_vocab)
     train_tokens = data.tokenize_documents(tok, corpus.train[::file_stride])
-    return new[train_tokens], new[load_validation_tokens().numpy()]
+    return new[train_tokens], new[load_validation_tokens(CORPUS_DIR).numpy()]
 
 
 def live_text(model: AttnOnlyTransformer, n_windows: int = 64) -> torch.Tensor:
     """``n_windows`` validation windows of ``model``'s context, in its vocabulary (for the
     previous-token score of a live model)."""
     new = torch.from_numpy(vocab_map(model.cfg.d_vocab).astype(np.int64))
-    return new[validation_windows(n_windows, model.cfg.n_ctx)]
+    return new[validation_windows(n_windows, model.cfg.n_ctx, CORPUS_DIR)]
 
 
 # ---- checks before the first step ---------------------------------------------------------------

@@ -98,3 +98,15 @@ def verify_manifest(directory: Path) -> None:
     entries = read_manifest(directory)
     for rel in entries:
         verify_file(directory, rel, entries)
+
+
+def record_tokenizer_hash(directory: str | Path) -> None:
+    """Add the tokenizer's SHA-256 to the config of a checkpoint saved before loading checked it,
+    and rewrite its manifest; the weights are not touched. The folder must verify first."""
+    directory = Path(directory)
+    verify_manifest(directory)
+    cfg_path = directory / "config.json"
+    config = json.loads(cfg_path.read_text())
+    config["tokenizer_sha256"] = sha256(directory / "tokenizer.json")
+    cfg_path.write_text(json.dumps(config, indent=1) + "\n")
+    write_manifest(directory)

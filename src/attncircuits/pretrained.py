@@ -13,6 +13,10 @@ The shipped models live in ``attncircuits/pretrained/<name>/``; ``load_pretraine
 The shared corpus files (tokenized validation split, training-split bigram counts) live in
 ``attncircuits/pretrained/corpus/`` so that the numbers the book asserts do not depend on the
 reader's Python version.
+
+``ATTNCIRCUITS_MODELS=DIR`` points all of it at another set of models (a replicate trained with
+another seed, or models trained on the learner's own text) and at that set's corpus: see
+:mod:`attncircuits.modelset`. :func:`check_model_set` checks the set before anything is loaded.
 """
 
 from __future__ import annotations
@@ -28,12 +32,12 @@ from safetensors.numpy import load_file as np_load_file
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from . import durable, hooked, validate
+from . import durable, hooked, modelset, validate
 from .data import load_tokenizer
 from .manifest import read_manifest, save_weights, sha256, verify_file, verify_manifest, write_manifest
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
-PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+PRETRAINED_DIR = modelset.SHIPPED_DIR
 CORPUS_DIR = PRETRAINED_DIR / "corpus"
 MODEL_NAMES = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 #: chapter 10's model: LayerNorm and MLPs, a TransformerLens HookedTransformer (the ``tl`` extra)
@@ -49,7 +53,9 @@ def is_checkpoint_dir(directory: Path) -> bool:
     except (OSError, ValueError):
         return False
     found = list(directory.rglob("*"))
-    files = {p.relative_to(directory).as_posix() for p in found if p.is_file() and not p.is_symlink()} - {"manifest.json"}
+    # every manifest.json is left out, as write_manifest leaves it out (a corpus/ subfolder has its own)
+    files = {p.relative_to(directory).as_posix() for p in found
+             if p.is_file() and not p.is_symlink() and p.name != "manifest.json"}
     folders = {p.relative_to(directory).as_posix() for p in found if p.is_dir() or p.is_symlink()}
     listed_folders = {"/".join(rel.split("/")[:i]) for rel in entries for i in range(1, rel.count("/") + 1)}
     others = [p for p in found if not (p.is_file() or p.is_dir()) or p.is_symlink()]
@@ -292,29 +298,19 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
 
 
 def load_pretrained(name: str, device: str | torch.device = "cpu") -> Checkpoint:
-    """Load a shipped model: ``attn-only-0l``, ``attn-only-1l``, ``attn-only-2l`` or chapter 10's ``ln-mlp-4l``."""
+    """Load a course model: ``attn-only-0l``, ``attn-only-1l``, ``attn-only-2l`` or chapter 10's
+    ``ln-mlp-4l``; the shipped one, or the set's when ``ATTNCIRCUITS_MODELS`` names a set (checked
+    first: a set the chapters cannot read raises :class:`~attncircuits.modelset.ModelSetError`)."""
     if not isinstance(name, str) or name not in MODEL_NAMES + DEEPER_MODEL_NAMES:
         raise KeyError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES + DEEPER_MODEL_NAMES)}")
-    directory = PRETRAINED_DIR / name
+    directory = modelset.model_dir(name)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is missing; train the shipped models with `make train`")
     ck = load_checkpoint(directory, device)
-    if "tokenizer_sha256" not in ck.config:  # every shipped model names its tokenizer
+    if directory.parent == PRETRAINED_DIR and "tokenizer_sha256" not in ck.config:  # every shipped model names it
         raise ValueError(f"{directory / 'config.json'} does not name its tokenizer's SHA-256; restore the folder with "
                          f"`git checkout -- {directory}`")
     return ck
-
-
-def record_tokenizer_hash(directory: str | Path) -> None:
-    """Add the tokenizer's SHA-256 to the config of a checkpoint saved before loading checked it,
-    and rewrite its manifest; the weights are not touched. The folder must verify first."""
-    directory = Path(directory)
-    verify_manifest(directory)
-    cfg_path = directory / "config.json"
-    config = json.loads(cfg_path.read_text())
-    config["tokenizer_sha256"] = sha256(directory / "tokenizer.json")
-    cfg_path.write_text(json.dumps(config, indent=1) + "\n")
-    write_manifest(directory)
 
 
 # ---- shipped corpus files ----------------------------------------------------------------------
@@ -333,16 +329,19 @@ def save_corpus_files(val_tokens: np.ndarray, train_tokens: np.ndarray, info: di
     write_manifest(directory)
 
 
-def load_validation_tokens() -> torch.Tensor:
-    """The shipped validation split as one token stream (documents separated by EOT)."""
-    verify_manifest(CORPUS_DIR)
-    return torch.from_numpy(np_load_file(CORPUS_DIR / "val_tokens.safetensors")["tokens"].astype(np.int64))
+def load_validation_tokens(directory: Path | None = None) -> torch.Tensor:
+    """The validation split of the models in use (the shipped corpus, or a set's: see
+    :func:`corpus_dir`; ``directory``: another corpus folder) as one token stream (documents
+    separated by EOT)."""
+    directory = corpus_dir() if directory is None else Path(directory)
+    verify_manifest(directory)
+    return torch.from_numpy(np_load_file(directory / "val_tokens.safetensors")["tokens"].astype(np.int64))
 
 
-def validation_windows(n_windows: int | None = None, n_ctx: int = 128) -> torch.Tensor:
+def validation_windows(n_windows: int | None = None, n_ctx: int = 128, directory: Path | None = None) -> torch.Tensor:
     """The validation split cut into disjoint ``[n_windows, n_ctx]`` windows; with ``n_windows``,
     that many spread evenly over the split (so every part of the split is represented)."""
-    tokens = load_validation_tokens()
+    tokens = load_validation_tokens(directory)
     windows = tokens[: len(tokens) // n_ctx * n_ctx].view(-1, n_ctx)
     if n_windows is None:
         return windows
@@ -351,10 +350,11 @@ def validation_windows(n_windows: int | None = None, n_ctx: int = 128) -> torch.
     return windows[torch.linspace(0, len(windows) - 1, n_windows).long()]
 
 
-def load_train_bigram_counts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training split's bigram counts as sparse (prev, next, count) arrays."""
-    verify_manifest(CORPUS_DIR)
-    d = np_load_file(CORPUS_DIR / "train_bigrams.safetensors")
+def load_train_bigram_counts(directory: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training split's bigram counts (of the models in use) as sparse (prev, next, count) arrays."""
+    directory = corpus_dir() if directory is None else Path(directory)
+    verify_manifest(directory)
+    d = np_load_file(directory / "train_bigrams.safetensors")
     return tuple(torch.from_numpy(d[k].astype(np.int64)) for k in ("prev", "next", "count"))
 
 
@@ -386,4 +386,10 @@ def frequent_tokens(
 
 
 def corpus_info() -> dict:
-    return json.loads((CORPUS_DIR / "corpus.json").read_text())
+    return json.loads((corpus_dir() / "corpus.json").read_text())
+
+
+def corpus_dir() -> Path:
+    """The corpus folder of the models in use: ``CORPUS_DIR`` for the shipped models, else the set's
+    (its own ``corpus/``, or the shipped one when it reads the shipped tokenizer)."""
+    return modelset.corpus_dir()

@@ -68,7 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the interrupted run kept in <out>.partial")
     p.add_argument("--prepare-corpus", action="store_true",
                    help="(re)train the tokenizer and corpus files first: the shipped ones, or <out>/corpus with --out")
-    p.add_argument("--corpus-files", nargs="+", type=Path, help="train on these local text files instead")
+    p.add_argument("--corpus-files", nargs="+", type=Path,
+                   help="train on these local text files instead (tokenizer and corpus files go into <out>/corpus)")
+    p.add_argument("--tokenizer", type=Path, help="with --corpus-files: read this tokenizer.json instead of training one")
     p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     p.add_argument("--threads", type=int, help="torch CPU threads (one per process uses these models well)")
     for f in fields(TrainConfig):  # every TrainConfig field is a flag, e.g. --steps 200
@@ -130,6 +132,10 @@ def check_args(args) -> tuple[dict, TrainConfig, Path]:
                             f"<= {max(1, limit // per_row // (1 + cfg.eval_batches))}")
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be a whole number >= 1 (got {args.threads})")
+    if args.tokenizer is not None and not args.corpus_files:
+        problems.append("--tokenizer goes with --corpus-files (the default corpus has the shipped tokenizer)")
+    elif args.tokenizer is not None and not args.tokenizer.is_file():
+        problems.append(f"--tokenizer {args.tokenizer}: no such file; give a tokenizer.json (e.g. <set>/corpus/tokenizer.json)")
     if args.prepare_corpus and args.corpus_files:
         problems.append("--prepare-corpus and --corpus-files exclude each other: the first rebuilds the default corpus")
     try:
@@ -205,15 +211,16 @@ def corpus_and_tokenizer(args, tmp: Path) -> tuple:
     """Token streams, the tokenizer's path and the SHA-256 of the corpus's contents; anything new is
     written under ``tmp`` only (or the shipped corpus folder for ``--prepare-corpus`` without
     ``--out``, as ``make train`` does)."""
-    if args.corpus_files:
+    if args.corpus_files:  # the model then carries its validation text (see attncircuits.modelset)
         corpus = data.load_corpus(args.corpus_files)
-        tok_path = tmp / "tokenizer.json"
-        if not (args.resume and tok_path.is_file()):
+        tok_path = tmp / "corpus" / "tokenizer.json"
+        if not (args.resume and (tmp / "corpus" / "manifest.json").is_file()):
             vocab = PRESETS[args.preset][0].get("d_vocab", data.DEFAULT_VOCAB_SIZE)
-            tok = data.train_tokenizer([t for _, t in corpus.train], vocab)
             try:
-                tok.save(str(tok_path))
-            except Exception as err:  # noqa: BLE001 (tokenizers raises a bare Exception)
+                prepare_corpus(vocab, tmp / "corpus", corpus=corpus, tokenizer_path=args.tokenizer)
+            except Exception as err:  # noqa: BLE001 (tokenizers raises a bare Exception on a full disk)
+                if type(err) is not Exception:
+                    raise
                 e = _os_error(err)
                 raise OSError(e.errno, e.strerror, str(tok_path)) from None
     else:

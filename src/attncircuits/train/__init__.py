@@ -335,22 +335,30 @@ def train(
     return model, history, snapshots
 
 
-def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE, directory: Path = CORPUS_DIR) -> Path:
-    """Train the tokenizer on the default corpus and write the corpus files into ``directory``
-    (default: the shipped ones, which ``make train`` rebuilds); returns the tokenizer's path."""
-    corpus = data.load_corpus()
+def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE, directory: Path = CORPUS_DIR,
+                   corpus: data.Corpus | None = None, tokenizer_path: Path | None = None) -> Path:
+    """Train the tokenizer on ``corpus``'s training split (default: the standard-library corpus) and
+    write it with the corpus files (tokenized validation split, training bigram counts,
+    ``corpus.json``) into ``directory`` (default: the shipped ones, which ``make train`` rebuilds);
+    with ``tokenizer_path``, that tokenizer is copied there instead of training one. Returns the
+    tokenizer's path in ``directory``."""
+    source = None if corpus is None else f"{len(corpus.train) + len(corpus.validation)} local text files"
+    corpus = corpus or data.load_corpus()
     t = time.time()
-    tok = data.train_tokenizer([text for _, text in corpus.train], vocab_size)
     directory.mkdir(parents=True, exist_ok=True)
     tok_path = directory / "tokenizer.json"
-    tok.save(str(tok_path))
+    if tokenizer_path is None:
+        data.train_tokenizer([text for _, text in corpus.train], vocab_size).save(str(tok_path))
+    elif Path(tokenizer_path).resolve() != tok_path.resolve():
+        tok_path.write_bytes(Path(tokenizer_path).read_bytes())
+    tok = data.load_tokenizer(tok_path)
     tr, va, _ = corpus_streams(tok, corpus)
     info = {
-        "source": f"Python {sys.version.split()[0]} standard library (*.py, *.txt; test folders excluded)",
+        "source": source or f"Python {sys.version.split()[0]} standard library (*.py, *.txt; test folders excluded)",
         "train_files": len(corpus.train), "validation_files": len(corpus.validation),
         "train_bytes": sum(len(x.encode()) for _, x in corpus.train),
         "validation_bytes": sum(len(x.encode()) for _, x in corpus.validation),
-        "train_tokens": int(len(tr)), "validation_tokens": int(len(va)), "vocab_size": vocab_size,
+        "train_tokens": int(len(tr)), "validation_tokens": int(len(va)), "vocab_size": tok.get_vocab_size(),
         "validation_file_names": [n for n, _ in corpus.validation],
     }
     save_corpus_files(va, tr, info, directory)

@@ -1,0 +1,141 @@
+"""The course on the learner's own text: ``make train-mine CORPUS='path/**/*.py' OUT=DIR``.
+
+``python -m attncircuits.mine 'path/**/*.py' --out DIR`` trains a byte-level BPE tokenizer of
+:data:`VOCAB` tokens on the files' training split, writes it with the corpus files into
+``DIR/corpus/`` (validation split by a hash of each file's name, as for the shipped corpus), trains
+``attn-only-0l``, ``-1l`` and ``-2l`` on the files into ``DIR`` with the faster recipe
+:data:`RECIPE`, and prints the one line that points the course at them::
+
+    export ATTNCIRCUITS_MODELS=/abs/path/DIR
+
+Rerunning the same command continues: the corpus and finished models are kept, an interrupted
+model resumes (the training CLI's ``--resume``). A corpus that matches no file, holds a file that
+is not text, or is too small for the chapters (:data:`MIN_VALIDATION_TOKENS`,
+:data:`MIN_TRAIN_TOKENS`) is refused in one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from . import data, modelset
+from .replicate import train_set
+from .train import prepare_corpus
+
+#: the tokenizer's size: a quarter of the shipped 2,048, so the unembedding (most of a step's cost
+#: at 2,048) costs a quarter, and random-token rows repeat over fewer ids (chapter 7's recipe search:
+#: at 2,048 ids its live recipe formed no induction heads in 1,200 steps, at 256 in 400)
+VOCAB = 512
+#: the chapters read up to 1,024 validation windows of 128 tokens (the reproduces page's ICL score)
+MIN_VALIDATION_TOKENS = 1024 * 128
+#: below this the models would mostly memorise the training split (the shipped one has 3.6 M)
+MIN_TRAIN_TOKENS = 500_000
+_FAST = ["--lr", "0.005", "--warmup-steps", "100", "--min-lr-frac", "1.0", "--eval-every", "100"]
+#: training flags per model (besides --preset, --corpus-files, --tokenizer, --out). Against the
+#: shipped recipe (8,000 steps, cosine decay, a quarter of text rows repeated and an eighth random
+#: tokens repeated): fewer steps at a constant rate after warm-up (chapter 7: a cosine squeezed into
+#: fewer steps formed nothing) and half of each batch random tokens repeated, a quarter text repeated
+#: (chapter 7: the heads then pay off from the first step). Not measured on a learner's corpus: the
+#: step counts leave a margin of about 5x over where chapter 7's live recipe formed its heads.
+RECIPE: dict[str, list[str]] = {
+    "attn-only-0l": ["--steps", "1000", *_FAST],
+    "attn-only-1l": ["--steps", "2000", *_FAST, "--repeat-frac", "0.25", "--random-repeat-frac", "0.5"],
+    "attn-only-2l": ["--steps", "3000", *_FAST, "--repeat-frac", "0.25", "--random-repeat-frac", "0.5",
+                     "--snapshot-steps", "0", "250", "500", "750", "1000", "1500", "2000"],
+}
+
+
+class Refused(Exception):
+    """The corpus or the output folder cannot be used; one line says why and what to do."""
+
+
+def corpus_files(patterns: list[str]) -> list[Path]:
+    """The files the glob ``patterns`` match (``**`` spans folders), sorted; refused when none."""
+    files = sorted({Path(p) for pat in patterns for p in glob.glob(os.path.expanduser(pat), recursive=True)
+                    if Path(p).is_file()})
+    if not files:
+        raise Refused(f"CORPUS={' '.join(patterns)!r} matches no files; quote the pattern (e.g. CORPUS='src/**/*.py') "
+                      "so that the shell does not expand it")
+    return files
+
+
+def check_corpus(corpus: data.Corpus, vocab: int, min_train: int, min_val: int) -> Path:
+    """Train the tokenizer and count the tokens of both splits; refuse a corpus too small. Returns
+    the tokenizer's path (a temporary file)."""
+    tok = data.train_tokenizer([t for _, t in corpus.train], vocab)
+    n_train = len(data.tokenize_documents(tok, corpus.train))
+    n_val = len(data.tokenize_documents(tok, corpus.validation))
+    if n_train < min_train or n_val < min_val:
+        # about one file in ten is held out for validation, so the validation minimum usually binds
+        need = max(min_train / 0.9, min_val / 0.1) * corpus.n_bytes / max(1, n_train + n_val)
+        raise Refused(f"the corpus is too small: {n_train:,} training and {n_val:,} validation tokens ({corpus.describe()}); "
+                      f"the course needs at least {min_train:,} and {min_val:,}, about {need / 1e6:.1f} MB of such text "
+                      "(one file in ten is held out for validation): add more files")
+    fd, path = tempfile.mkstemp(suffix="-tokenizer.json")
+    os.close(fd)
+    tok.save(path)
+    return Path(path)
+
+
+def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]] = RECIPE, vocab: int = VOCAB,
+               min_train: int = MIN_TRAIN_TOKENS, min_val: int = MIN_VALIDATION_TOKENS, threads: int | None = 1) -> Path:
+    """Make the set (see the module's docstring); returns its absolute folder."""
+
+    out = Path(os.path.abspath(out))
+    files = corpus_files(patterns)
+    command = f"make train-mine CORPUS='{' '.join(patterns)}' OUT={out}"
+    info = {"kind": "own corpus", "corpus": patterns, "files": len(files), "vocab": vocab, "command": command}
+    old = (out / modelset.SET_FILE).read_text() if (out / modelset.SET_FILE).is_file() else None
+    if old is not None and {k: v for k, v in json.loads(old).items() if k != "command"} != \
+            {k: v for k, v in info.items() if k != "command"}:
+        raise Refused(f"{out} holds a set made from other files ({json.loads(old).get('corpus')}); choose another OUT")
+    if old is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise Refused(f"{out} exists and is not a set this command made; choose a new OUT (nothing was written)")
+    corpus_dir = out / "corpus"
+    try:
+        corpus = data.load_corpus(files)  # refuses binary files, one line
+    except (ValueError, OSError) as err:
+        raise Refused(str(err)) from None
+    if not (corpus_dir / "manifest.json").is_file():
+        tok_path = check_corpus(corpus, vocab, min_train, min_val)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / modelset.SET_FILE).write_text(json.dumps(info) + "\n")
+            prepare_corpus(vocab, corpus_dir, corpus=corpus, tokenizer_path=tok_path)
+        finally:
+            tok_path.unlink(missing_ok=True)
+    flags = {name: ["--preset", name, "--corpus-files", *map(str, files),
+                    "--tokenizer", str(corpus_dir / "tokenizer.json"), *recipe[name]] for name in modelset.SET_MODEL_NAMES}
+    train_set(out, flags, threads)
+    modelset.check(out)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m attncircuits.mine", description=__doc__.split("\n\n")[0])
+    p.add_argument("corpus", nargs="+", help="glob patterns of text files, quoted (e.g. 'src/**/*.py')")
+    p.add_argument("--out", type=Path, required=True, help="the new set's folder")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = p.parse_args(argv)
+    try:
+        out = train_mine(args.corpus, args.out, threads=args.threads)
+    except Refused as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    speeds = []
+    for name in modelset.SET_MODEL_NAMES:
+        hist = json.loads((out / name / "history.json").read_text())
+        speeds.append(f"{name} {hist['wall_s'][-1] / 60:.1f} min ({1e6 / hist['tokens_per_s'] / 60:.1f} min per million tokens)")
+    print("trained " + "; ".join(speeds))
+    print("point the course at these models with:")
+    print(f"export {modelset.ENV}={out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""`make train-mine`: a tiny set trained on a tiny corpus in seconds, read by the course through
+ATTNCIRCUITS_MODELS, measured by the replicate's headline numbers and checked by the claims
+machinery; corpora the course cannot use are refused before anything is written."""
+
+import pytest
+
+from attncircuits import claims, mine, modelset, pretrained
+from attncircuits.replicate import _claim_counts, _junit_counts, headline_numbers
+
+TINY = ["--steps", "4", "--eval-every", "4", "--batch-size", "4", "--eval-batches", "1", "--warmup-steps", "1"]
+TINY_RECIPE = {name: TINY + (["--snapshot-steps", "0", "2"] if name.endswith("2l") else []) for name in modelset.SET_MODEL_NAMES}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("code")
+    for i in range(40):
+        pkg = root / f"pkg{i % 4}"
+        pkg.mkdir(exist_ok=True)
+        (pkg / f"mod{i}.py").write_text("".join(
+            f"def handler_{i}_{j}(request, value={j}):\n    return request.get('k{j}') or value * {i}\n\n" for j in range(60)))
+    (root / "notes.md").write_text("not matched by the pattern")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_set(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sets") / "mine"
+    mine.train_mine([f"{corpus}/**/*.py"], out, recipe=TINY_RECIPE, vocab=300, min_train=1000, min_val=1000)
+    return out
+
+
+def test_a_tiny_set_is_read_by_the_course_and_checked_by_claims(tiny_set, monkeypatch, capsys):
+    assert sorted(p.name for p in tiny_set.iterdir()) == ["attn-only-0l", "attn-only-1l", "attn-only-2l", "corpus",
+                                                            "set.json"]
+    monkeypatch.setenv(modelset.ENV, str(tiny_set))
+    monkeypatch.delenv(claims.LOG_ENV, raising=False)
+    assert modelset.check_model_set() == f"models: the set in {tiny_set} ({modelset.ENV}), on the corpus in {tiny_set / 'corpus'}"
+    ck = pretrained.load_pretrained("attn-only-2l")
+    assert ck.model.cfg.d_vocab == 300 and ck.snapshot_steps == [0, 2]
+    windows = pretrained.validation_windows(n_ctx=ck.model.cfg.n_ctx)
+    assert int(windows.max()) < 300 and pretrained.corpus_info()["train_files"] + pretrained.corpus_info()["validation_files"] == 40
+    # the headline numbers of an untrained set: measured, not asserted
+    nums = headline_numbers(tiny_set)["models"]
+    assert set(nums) == set(modelset.SET_MODEL_NAMES) and nums["attn-only-2l"]["steps"] == 4
+    assert 5.0 < nums["attn-only-0l"]["val_loss"] < 6.5  # about ln 300 = 5.70 after 4 steps
+    assert "top_k_composition" in nums["attn-only-2l"] and "copying_heads" in nums["attn-only-1l"]
+    # a chapter's claim, on a set that is not the shipped one: one line, and the chapter runs on
+    claims.reset()
+    score = nums["attn-only-2l"]["prev_token_score"]
+    assert claims.claim("a previous-token head in layer 0", score > 0.5, score) is False
+    assert claims.claim("the 2-layer model beats the 0-layer one", nums["attn-only-2l"]["val_loss"] < 7, 0) is True
+    out = capsys.readouterr().out
+    assert out == f"claim not held: a previous-token head in layer 0 (measured: {score:.4g})\n"
+    assert claims.summary().startswith(f"1 of 2 claims held on the models in {tiny_set}")
+    claims.reset()
+
+
+def test_rerunning_keeps_what_is_trained(tiny_set, corpus, capsys):
+    before = {p: p.stat().st_mtime_ns for p in tiny_set.rglob("model.safetensors")}
+    mine.train_mine([f"{corpus}/**/*.py"], tiny_set, recipe=TINY_RECIPE, vocab=300, min_train=1000, min_val=1000)
+    assert {p: p.stat().st_mtime_ns for p in tiny_set.rglob("model.safetensors")} == before
+    assert capsys.readouterr().out.count("is trained; kept") == 3
+    with pytest.raises(mine.Refused, match="holds a set made from other files"):
+        mine.train_mine([f"{corpus}/pkg1/*.py"], tiny_set, recipe=TINY_RECIPE, vocab=300, min_train=1000, min_val=1000)
+
+
+def test_corpora_the_course_cannot_use_are_refused_before_anything_is_written(corpus, tmp_path):
+    out = tmp_path / "set"
+    with pytest.raises(mine.Refused, match=r"matches no files; quote the pattern"):
+        mine.train_mine([f"{corpus}/**/*.rs"], out)
+    with pytest.raises(mine.Refused, match=r"the corpus is too small: [\d,]+ training and [\d,]+ validation tokens.*"
+                                           r"at least 500,000 and 131,072"):
+        mine.train_mine([f"{corpus}/**/*.py"], out)
+    blob = corpus.parent / "blob"
+    blob.mkdir(exist_ok=True)
+    (blob / "weights.py").write_bytes(bytes(range(256)) * 40)
+    with pytest.raises(mine.Refused, match="is not text"):
+        mine.train_mine([f"{blob}/*.py"], out)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "thesis.tex").write_text("mine")
+    with pytest.raises(mine.Refused, match="is not a set this command made"):
+        mine.train_mine([f"{corpus}/**/*.py"], tmp_path / "busy")
+    assert not out.exists() and sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["thesis.tex"]
+
+
+def test_a_chapter_runs_counts_are_read_from_junit_and_the_claims_log(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text('<testsuites><testsuite><testcase name="Cell 0"/><testcase name="Cell 1"><failure/></testcase>'
+                   '<testcase name="Cell 2"><error/></testcase></testsuite></testsuites>')
+    assert _junit_counts(xml) == {"cells": 3, "cells_passed": 1, "failed_cells": ["Cell 1", "Cell 2"]}
+    assert _junit_counts(tmp_path / "none.xml")["cells"] == 0
+    log = tmp_path / "c.jsonl"
+    log.write_text('{"text": "a", "held": true, "measured": "1", "models": "x"}\n'
+                   '{"text": "b", "held": false, "measured": "2", "models": "x"}\n')
+    assert _claim_counts(log) == {"claims": 2, "claims_held": 1, "claims_not_held": ["b (measured: 2)"]}
