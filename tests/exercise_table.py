@@ -38,7 +38,7 @@ def solutions() -> dict:
     from attncircuits import handbuilt, loss_fn
     from attncircuits import scores as S
 
-    ns = {"math": math, "torch": torch, "S": S, "hb": handbuilt, "loss_fn": loss_fn}
+    ns = {"math": math, "functools": functools, "torch": torch, "S": S, "hb": handbuilt, "loss_fn": loss_fn}
     for ch in CHAPTERS:
         nb = json.loads((ROOT / "notebooks" / f"{ch}.ipynb").read_text())
         for c in nb["cells"]:
@@ -498,14 +498,15 @@ C = "ch06.check_find_induction_heads"
 wrong(C, "layer 1 only", lambda m, thr=0.3: [(1, h) for h in range(m.cfg.n_heads)
                                              if m.cfg.n_layers > 1 and __import__("attncircuits.scores", fromlist=["x"])
                                              .prefix_matching_scores(m, seq_len=25, n_repeats=4)[1, h] > thr],
-      "expected", "named")
+      "score every layer", "named")
 wrong(C, "empty", lambda m, thr=0.3: [], "expected")
 wrong(C, "previous-token heads", lambda m, thr=0.3: [(l, h) for l, h in (
     __import__("attncircuits.scores", fromlist=["x"]).previous_token_scores(
-        m, __import__("attncircuits.scores", fromlist=["x"]).repeated_tokens(m, 25, 4, batch_size=4)) > thr
+        m, __import__("attncircuits.losses", fromlist=["x"]).repeated_tokens(m, 25, 4, batch_size=4)) > thr
 ).nonzero().tolist()], "previous-token", "named")
 wrong(C, "threshold 0.03", lambda m, thr=0.3: solutions()["find_induction_heads"](m, 0.03), "expected")
-wrong(C, "head, layer", lambda m, thr=0.3: [(h, l) for l, h in solutions()["find_induction_heads"](m)], "expected")
+wrong(C, "head, layer", lambda m, thr=0.3: [(h, l) for l, h in solutions()["find_induction_heads"](m)], "(layer, head)",
+      "named")
 right(C, "tuples of tensors", lambda m, thr=0.3: [tuple(x) for x in (
     __import__("attncircuits.scores", fromlist=["x"]).prefix_matching_scores(m) > thr).nonzero()])
 right(C, "a set", lambda m, thr=0.3: set(solutions()["find_induction_heads"](m, thr)))

@@ -61,7 +61,7 @@ def _run_exercises(nb) -> list[tuple[str, object]]:
         exec("\n".join(setup), ns)
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            value = eval(last, ns)
+            value = eval(last.rstrip().removesuffix(";"), ns)  # the learner's check line ends in ';'
         results.append((buf.getvalue(), value))
     return results
 

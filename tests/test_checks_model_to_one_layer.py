@@ -120,7 +120,7 @@ MISTAKES = [
         "queries and keys are swapped",
     ),
     (ch03.check_positional_head, lambda m: _positional(m, pick=torch.argmin), "the LEAST positional attention"),
-    (ch03.check_positional_head, lambda m: 2, "right on the shipped cases but wrong on a model with a built-in"),
+    (ch03.check_positional_head, lambda m: 2, "right on the shipped cases but wrong on"),
     (
         ch04.check_skip_trigram_score,
         lambda m, h, s, d, o, n: float(full_qk_circuit(m, 0, h).centered(-1).rows([d])[0, s])

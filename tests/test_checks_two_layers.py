@@ -163,7 +163,8 @@ def _ablated(model, tokens, head, mode, mean_over=(0, 1), increase=False):
 def test_ablated_loss(capsys):
     check = ch06.check_ablated_loss
     accepts(check, _ablated, capsys)
-    rejects(check, lambda m, t, h, mode: _ablated(m, t, h, "zero"), capsys, "other ablation")
+    other = {"zero": "mean", "mean": "zero"}
+    rejects(check, lambda m, t, h, mode: _ablated(m, t, h, other[mode]), capsys, "other ablation")
     rejects(check, lambda *a: _ablated(*a, increase=True), capsys, "not its increase")
     rejects(check, lambda *a: _ablated(*a, mean_over=0), capsys, "over positions too")
 

@@ -215,7 +215,7 @@ def test_a_full_disk_while_writing_the_tokenizer_is_one_line(tmp_path, docs, cap
         code, err = cli(capsys, *FAST, "--corpus-files", *docs, "--out", tmp_path / "m")
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    assert code == 1 and err == [f"python -m attncircuits.train: error: cannot write {tmp_path / 'm.partial' / 'tokenizer.json'} "
+    assert code == 1 and err == [f"python -m attncircuits.train: error: cannot write {tmp_path / 'm.partial' / 'corpus' / 'tokenizer.json'} "
                                  "(File too large) before training started; nothing was kept"]
     assert not any(tmp_path.iterdir())
 
@@ -240,8 +240,8 @@ def test_an_io_error_writing_the_model_keeps_the_progress(tmp_path, docs, capsys
     assert code == 1 and err == [f"python -m attncircuits.train: error: cannot write {partial / 'final.new' / 'model.safetensors'} "
                                  f"({os.strerror(errno)}) while saving the model; the progress up to step 2 of 4 is kept "
                                  f"in {partial}: run the same command with --resume to continue"]
-    assert not out.exists() and sorted(p.name for p in partial.iterdir()) == ["in-progress.json", "resume", "run.json",
-                                                                              "tokenizer.json"]
+    assert not out.exists() and sorted(p.name for p in partial.iterdir()) == ["corpus", "in-progress.json", "resume",
+                                                                              "run.json"]
     monkeypatch.undo()
     assert cli(capsys, *argv, "--resume")[0] == 0 and load_checkpoint(out)
 
@@ -272,14 +272,14 @@ def test_a_second_run_into_the_same_out_is_refused_while_the_first_lives(tmp_pat
                              env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
-            if (partial / "tokenizer.json").is_file():
+            if (partial / "corpus" / "tokenizer.json").is_file():
                 break
             time.sleep(0.1)
         code, err = cli(capsys, *FAST, "--corpus-files", *docs[5:], "--out", out)
         assert code == 2 and len(err) == 1 and f"another training run is writing {partial} (pid {first.pid}" in err[0]
         for extra in (["--resume"], ["--overwrite"]):
             assert f"(pid {first.pid}" in cli(capsys, *FAST, "--corpus-files", *docs[5:], "--out", out, *extra)[1][0]
-        assert first.poll() is None and (partial / "tokenizer.json").is_file()  # the first run is untouched
+        assert first.poll() is None and (partial / "corpus" / "tokenizer.json").is_file()  # the first run is untouched
     finally:
         first.kill()
         first.wait()
