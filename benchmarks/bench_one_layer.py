@@ -22,14 +22,10 @@ import torch
 from _common import apply_threads, best_of, load_model, parser
 
 from attncircuits.circuits.bigrams import bigram_count_table
+from attncircuits.circuits.copying import copying_summary, eigen_copying_score
 from attncircuits.circuits.factored import full_ov_circuit
 from attncircuits.circuits.paths import path_expansion
-from attncircuits.circuits.skip_trigrams import (
-    copying_summary,
-    eigen_copying_score,
-    find_skip_trigram_bugs,
-    top_skip_trigrams,
-)
+from attncircuits.circuits.skip_trigrams import find_skip_trigram_bugs, top_skip_trigrams
 from attncircuits.pretrained import load_train_bigram_counts, load_validation_tokens
 
 LIMIT_S = 2.0

@@ -17,6 +17,7 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
+from attncircuits import losses
 from attncircuits import scores as S
 from attncircuits.circuits.induction import induction_eigen_positivity
 from attncircuits.pretrained import MODEL_NAMES, load_validation_tokens
@@ -34,10 +35,10 @@ def main(argv=None) -> int:
         n_ctx = model.cfg.n_ctx
         text = val[: 16 * n_ctx].reshape(16, n_ctx)
         icl_text = val[: 64 * n_ctx].reshape(64, n_ctx)
-        rep = S.repeated_tokens(model)
+        rep = losses.repeated_tokens(model)
         steps = {
-            "per-position loss, repeated random tokens": lambda: S.repeated_loss_curve(model),
-            "in-context-learning score (64 windows)": lambda: S.in_context_learning_score(model, icl_text),
+            "per-position loss, repeated random tokens": lambda: losses.repeated_loss_curve(model),
+            "in-context-learning score (64 windows)": lambda: losses.in_context_learning_score(model, icl_text),
         }
         if n_layers:
             steps = {
@@ -45,8 +46,8 @@ def main(argv=None) -> int:
                 "prefix-matching score (25 x 4)": lambda: S.prefix_matching_scores(model),
                 "copying score": lambda: S.copying_scores(model),
                 **steps,
-                "zero ablation, each head": lambda: S.ablation_effects(model, rep, "zero"),
-                "pattern-preserving ablation, each head": lambda: S.ablation_effects(model, rep, "pattern"),
+                "zero ablation, each head": lambda: losses.ablation_effects(model, rep, "zero"),
+                "pattern-preserving ablation, each head": lambda: losses.ablation_effects(model, rep, "pattern"),
             }
         if n_layers >= 2:
             steps["K-composition / OV eigenvalue positivity"] = lambda: induction_eigen_positivity(model)

@@ -12,7 +12,8 @@ from _common import apply_threads, parser
 from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
 from attncircuits.circuits import bigram_count_table, conditional_entropy, cross_entropy, smoothed_log_probs
 from attncircuits.pretrained import PRETRAINED_DIR, corpus_info, load_train_bigram_counts, validation_windows
-from attncircuits.scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
+from attncircuits.losses import repeated_token_loss
+from attncircuits.scores import prefix_matching_scores, previous_token_scores
 
 
 def main(argv=None) -> int:

@@ -39,9 +39,21 @@ from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
 import attncircuits
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data, validate
+from attncircuits import losses
 from attncircuits import scores as S
-from attncircuits.circuits import bigrams, composition, factored, induction, paths, skip_trigrams
+from attncircuits import pretrained
+from attncircuits.circuits import (
+    bigrams,
+    composition,
+    copying,
+    factored,
+    factored_matrix,
+    induction,
+    paths,
+    skip_trigrams,
+    two_layer_paths,
+)
 from attncircuits.smeared import SmearedKeyTransformer, train_on_repeated_tokens, varied_repeats
 
 PACKAGE_DIR = Path(attncircuits.__file__).resolve().parent
@@ -269,7 +281,7 @@ def finite(x) -> bool:
         return x.dtype.kind not in "fc" or bool(np.isfinite(x).all())
     if isinstance(x, (float, int)):
         return math.isfinite(x)
-    if isinstance(x, factored.FactoredMatrix):
+    if isinstance(x, factored_matrix.FactoredMatrix):
         return finite(x.A) and finite(x.B)
     if isinstance(x, dict):
         return all(finite(v) for v in x.values())
@@ -374,11 +386,11 @@ def targets() -> list[Target]:
             return True, ()
         return fits(seq_len, n_repeats)
 
-    add(Target("scores.repeated_tokens",
-               lambda seq_len, n_repeats, batch_size: S.repeated_tokens(m2, seq_len, n_repeats, batch_size),
+    add(Target("losses.repeated_tokens",
+               lambda seq_len, n_repeats, batch_size: losses.repeated_tokens(m2, seq_len, n_repeats, batch_size),
                {"seq_len": sizes("seq_len", 1, include_none=True), "n_repeats": sizes("n_repeats", 1), "batch_size": sizes("batch_size", 1)},
                extra=rep_fit, check=lambda r: r.ndim == 2))
-    add(Target("scores.as_heads", lambda heads: S.as_heads(m2, heads), {"heads": head_pairs()},
+    add(Target("validate.heads", lambda heads: validate.heads(m2, heads), {"heads": head_pairs()},
                check=lambda r: all(isinstance(a, int) and isinstance(b, int) for a, b in r)))
     add(Target("scores.previous_token_scores", lambda n, tokens: S.previous_token_scores(_m(n), tokens),
                {"n": models(1), "tokens": token_rows(min_len=2)}, check=lambda r: r.shape[1] == N_HEADS))
@@ -392,8 +404,8 @@ def targets() -> list[Target]:
                extra=rep_fit, check=lambda r: r.shape[1] == N_HEADS))
     add(Target("scores.prefix_matching_scores(tokens=)",
                lambda tokens: S.prefix_matching_scores(m2, 3, 2, tokens=tokens),
-               {"tokens": [Val(S.repeated_tokens(m2, 3, 2, 2), True, "tokens=repeated 3x2"),
-                           Val(S.repeated_tokens(m2, 3, 2, 2).numpy().astype(np.uint16), True, "tokens=uint16 repeated 3x2"),
+               {"tokens": [Val(losses.repeated_tokens(m2, 3, 2, 2), True, "tokens=repeated 3x2"),
+                           Val(losses.repeated_tokens(m2, 3, 2, 2).numpy().astype(np.uint16), True, "tokens=uint16 repeated 3x2"),
                            Val(torch.ones(2, 4, dtype=torch.long), False, "tokens=[2, 4] (not 1 + 2 x 3)", ("token", "seq_len")),
                            Val(torch.ones(2, 9, dtype=torch.long), False, "tokens=[2, 9] (not 1 + 2 x 3)", ("token", "seq_len")),
                            Val(torch.full((2, 7), -1), False, "tokens=-1", ("token",))]},
@@ -404,18 +416,18 @@ def targets() -> list[Target]:
     add(Target("scores.head_scores", lambda n, tokens, seq_len, n_repeats: S.head_scores(_m(n), tokens, seq_len, n_repeats),
                {"n": models(1), "tokens": token_rows(min_len=2), "seq_len": sizes("seq_len", 1), "n_repeats": sizes("n_repeats", 2)},
                extra=lambda seq_len, n_repeats, **_: fits(seq_len, n_repeats), examples=10))
-    add(Target("scores.repeated_token_loss", lambda seq_len, batch_size: S.repeated_token_loss(m2, seq_len, batch_size),
+    add(Target("losses.repeated_token_loss", lambda seq_len, batch_size: losses.repeated_token_loss(m2, seq_len, batch_size),
                {"seq_len": sizes("seq_len", 2, include_none=True), "batch_size": sizes("batch_size", 1)},
                extra=lambda seq_len, **_: rep_fit(seq_len), check=lambda r: r.first > 0))
-    add(Target("scores.repeated_loss_curve",
-               lambda seq_len, n_repeats, batch_size: S.repeated_loss_curve(m2, seq_len, n_repeats, batch_size),
+    add(Target("losses.repeated_loss_curve",
+               lambda seq_len, n_repeats, batch_size: losses.repeated_loss_curve(m2, seq_len, n_repeats, batch_size),
                {"seq_len": sizes("seq_len", 2, include_none=True), "n_repeats": sizes("n_repeats", 1), "batch_size": sizes("batch_size", 1)},
                extra=rep_fit, check=lambda r: len(r.copy_means()) == r.n_repeats))
-    add(Target("scores.per_token_loss", lambda n, tokens: S.per_token_loss(_m(n), tokens),
+    add(Target("losses.per_token_loss", lambda n, tokens: losses.per_token_loss(_m(n), tokens),
                {"n": models(0), "tokens": token_rows(min_len=2)}, check=lambda r: r.ndim == 2))
-    add(Target("scores.per_position_loss", lambda tokens: S.per_position_loss(m2, tokens), {"tokens": token_rows(min_len=2)},
+    add(Target("losses.per_position_loss", lambda tokens: losses.per_position_loss(m2, tokens), {"tokens": token_rows(min_len=2)},
                check=lambda r: r.ndim == 1))
-    add(Target("scores.loss_at_positions", lambda tokens, positions: S.loss_at_positions(m2, tokens, positions),
+    add(Target("losses.loss_at_positions", lambda tokens, positions: losses.loss_at_positions(m2, tokens, positions),
                {"tokens": token_rows(min_len=2), "positions": [Val([1], True, "positions=[1]"), Val((1, 1), True, "positions=(1, 1)"),
                                                                  Val([0], False, "positions=[0]", ("position",)),
                                                                  Val([99], False, "positions=[99]", ("position",)),
@@ -423,7 +435,7 @@ def targets() -> list[Target]:
                                                                  Val([], False, "positions=[]", ("position",)),
                                                                  Val(None, False, "positions=None", ("position",))]},
                check=lambda r: r.ndim == 1))
-    add(Target("scores.in_context_learning_score", lambda tokens, late, early: S.in_context_learning_score(m2, tokens, late, early),
+    add(Target("losses.in_context_learning_score", lambda tokens, late, early: losses.in_context_learning_score(m2, tokens, late, early),
                {"tokens": [Val(torch.randint(1, D_VOCAB, (3, N_CTX)), True, "tokens=long[3, n_ctx]"),
                            Val(np.random.default_rng(0).integers(1, D_VOCAB, (3, N_CTX)).astype(np.uint16), True, "tokens=uint16[3, n_ctx]"),
                            Val(torch.randint(1, D_VOCAB, (3, N_CTX)).tolist(), True, "tokens=list[3, n_ctx]"),
@@ -434,17 +446,17 @@ def targets() -> list[Target]:
                extra=lambda tokens, late, early: (all(int(d if p is None else p) < row_len(tokens) for p, d in ((late, 15), (early, 2))),
                                                   ("late", "early", "position")),
                check=lambda r: isinstance(r, float)))
-    add(Target("scores.icl_positions", lambda n_ctx, late, early: S.icl_positions(n_ctx, late, early),
+    add(Target("losses.icl_positions", lambda n_ctx, late, early: losses.icl_positions(n_ctx, late, early),
                {"n_ctx": sizes("n_ctx", 2), "late": ints("late", 1, 511), "early": ints("early", 1, 511)}))
-    add(Target("scores.zero_ablation", lambda heads: S.zero_ablation(m2, heads), {"heads": head_pairs()}))
-    add(Target("scores.pattern_preserving_ablation", lambda tokens, heads: S.pattern_preserving_ablation(m2, tokens, heads),
+    add(Target("losses.zero_ablation", lambda heads: losses.zero_ablation(m2, heads), {"heads": head_pairs()}))
+    add(Target("losses.pattern_preserving_ablation", lambda tokens, heads: losses.pattern_preserving_ablation(m2, tokens, heads),
                {"tokens": token_rows(), "heads": head_pairs()}))
-    add(Target("scores.ablated_loss", lambda tokens, heads, mode: S.ablated_loss(m2, tokens, heads, mode),
+    add(Target("losses.ablated_loss", lambda tokens, heads, mode: losses.ablated_loss(m2, tokens, heads, mode),
                {"tokens": token_rows(min_len=2), "heads": head_pairs(),
                 "mode": [Val("zero", True, "mode=zero"), Val("pattern", True, "mode=pattern"), Val("mean", False, "mode=mean", ("mode", "zero")),
                          Val(None, False, "mode=None", ("mode", "zero"))]},
                check=lambda r: isinstance(r, float)))
-    add(Target("scores.ablation_effects", lambda tokens, heads: S.ablation_effects(m2, tokens, "zero", None, heads),
+    add(Target("losses.ablation_effects", lambda tokens, heads: losses.ablation_effects(m2, tokens, "zero", None, heads),
                {"tokens": token_rows(min_len=2), "heads": head_pairs(empty_ok=True) + [Val(None, True, "heads=None")]},
                check=shape(N_LAYERS, N_HEADS), finite=False))
     add(Target("scores.value_weighted_pattern", lambda layer, head: S.value_weighted_pattern(m2, _cache2(), layer, head),
@@ -503,7 +515,7 @@ def targets() -> list[Target]:
                            Val([2048], False, "tokens=[2048]", ("token",)), Val([], False, "tokens=[]", ("token",)),
                            Val("self", False, "tokens='self' (not a list)", ("token",)), Val(None, False, "tokens=None", ("token",))]},
                check=lambda r: r.ndim == 1 and r.dtype == torch.long))
-    add(Target("skip_trigrams.frequent_tokens", lambda n: skip_trigrams.frequent_tokens(tok(), n), {"n": sizes("n", 1)},
+    add(Target("pretrained.frequent_tokens", lambda n: pretrained.frequent_tokens(tok(), n), {"n": sizes("n", 1)},
                check=lambda r: r.ndim == 1 and len(r) >= 1))
     add(Target("skip_trigrams.top_skip_trigrams", lambda n, layer, k, heads, tokens: skip_trigrams.top_skip_trigrams(_m(n), layer, k, heads, tokens),
                {"n": models(1), **Ln, "k": sizes("k", 1), "heads": head_lists(include_none=True),
@@ -513,7 +525,7 @@ def targets() -> list[Target]:
                             Val([[1, 2]], False, "triples=[[1, 2]]", ("triples",)), Val([[1, 2, D_VOCAB]], False, "triples=d_vocab", ("token",)),
                             Val([[1.5, 2, 3]], False, "triples=float", ("triples", "token")), Val(None, False, "triples=None", ("triples",))],
                 "contexts": token_rows(min_len=3, name="contexts"), "gap": ints("gap", 1, None, include_none=True)}))
-    add(Target("skip_trigrams.copying_summary", lambda n, layer, k, tokens: skip_trigrams.copying_summary(_m(n), layer, k, tokens, n_shuffles=2),
+    add(Target("copying.copying_summary", lambda n, layer, k, tokens: copying.copying_summary(_m(n), layer, k, tokens, n_shuffles=2),
                {"n": models(1), **Ln, "k": sizes("k", 1), "tokens": subsets()}))
     add(Target("skip_trigrams.find_skip_trigram_bugs", lambda layer, k, tokens: skip_trigrams.find_skip_trigram_bugs(m2, layer, counts(), k, 1, 3, tokens),
                {**L, "k": sizes("k", 1), "tokens": subsets()}))
@@ -533,13 +545,13 @@ def targets() -> list[Target]:
                extra=lambda n, writer_layer, reader_layer, n_baseline: (int(writer_layer) < int(reader_layer) < n, ("layer",))))
     add(Target("composition.random_composition_baseline", lambda d_model, d_head, n_samples: composition.random_composition_baseline(d_model, d_head, n_samples),
                {"d_model": sizes("d_model", 1), "d_head": sizes("d_head", 1), "n_samples": sizes("n_samples", 2)}))
-    add(Target("composition.two_layer_path_expansion", lambda n, tokens: composition.two_layer_path_expansion(_m(n), tokens),
+    add(Target("two_layer_paths.two_layer_path_expansion", lambda n, tokens: two_layer_paths.two_layer_path_expansion(_m(n), tokens),
                {"n": models(exactly=2), "tokens": token_rows()}))
-    add(Target("composition.virtual_head_pattern", lambda writer, reader: composition.virtual_head_pattern(_cache2(), writer, reader),
+    add(Target("two_layer_paths.virtual_head_pattern", lambda writer, reader: two_layer_paths.virtual_head_pattern(_cache2(), writer, reader),
                {"writer": heads_of_layer("writer"), "reader": heads_of_layer("reader")}, check=lambda r: r.ndim == 3))
     add(Target("composition.virtual_ov_circuit", lambda n, writer, reader: composition.virtual_ov_circuit(_m(n), writer, reader),
                {"n": models(exactly=2), "writer": heads_of_layer("writer"), "reader": heads_of_layer("reader")}))
-    add(Target("composition.term_importance", lambda n, tokens, batch_size: composition.term_importance(_m(n), tokens, batch_size),
+    add(Target("two_layer_paths.term_importance", lambda n, tokens, batch_size: two_layer_paths.term_importance(_m(n), tokens, batch_size),
                {"n": models(exactly=2), "tokens": token_rows(min_len=2), "batch_size": sizes("batch_size", 1)}))
     add(Target("TermImportance.gain_layer", lambda layer: _term_importance().gain_layer(layer), {**L}))
     # -- circuits/induction.py
@@ -596,7 +608,7 @@ def _head_scores():
 
 @cache
 def _term_importance():
-    return composition.term_importance(model(2), torch.randint(0, D_VOCAB, (2, 8), generator=torch.Generator().manual_seed(4)))
+    return two_layer_paths.term_importance(model(2), torch.randint(0, D_VOCAB, (2, 8), generator=torch.Generator().manual_seed(4)))
 
 
 @cache

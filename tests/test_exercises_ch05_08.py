@@ -11,8 +11,11 @@ from einops import einsum
 
 from attncircuits import handbuilt as hb
 from attncircuits import loss_fn, smeared
+from attncircuits import losses
 from attncircuits import scores as S
+from attncircuits.circuits.copying import ov_copying_accuracy
 from attncircuits.exercises import ch05, ch06, ch07, ch08
+from attncircuits.scores import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
 
 
 def run(check, fn, capsys) -> tuple[bool, str]:
@@ -140,7 +143,7 @@ def test_find_induction_heads(capsys):
         return [(l, h) for l, h in (pm > 0.3).nonzero().tolist()]
 
     def by_prev(model):
-        pt = S.previous_token_scores(model, S.repeated_tokens(model, batch_size=4))
+        pt = S.previous_token_scores(model, losses.repeated_tokens(model, batch_size=4))
         return [(l, h) for l, h in (pt > 0.3).nonzero().tolist()]
 
     accepts(check, find, capsys)
@@ -167,20 +170,20 @@ def test_ablated_loss(capsys):
 
 def test_qk_score_terms(capsys):
     check = ch06.check_qk_score_terms
-    accepts(check, ch06.qk_score_terms, capsys)
-    rejects(check, lambda *a: ch06.qk_score_terms(*a).transpose(0, 1), capsys, "swapped")
-    rejects(check, lambda m, t, h: ch06.qk_score_terms(m, t, h) * math.sqrt(m.cfg.d_head), capsys, "sqrt(d_head)")
+    accepts(check, qk_score_terms, capsys)
+    rejects(check, lambda *a: qk_score_terms(*a).transpose(0, 1), capsys, "swapped")
+    rejects(check, lambda m, t, h: qk_score_terms(m, t, h) * math.sqrt(m.cfg.d_head), capsys, "sqrt(d_head)")
 
     def no_positions(m, t, h):  # 5 sources instead of 6: the shape check names it
-        return ch06.qk_score_terms(m, t, h)[[0, 2, 3, 4, 5]][:, [0, 2, 3, 4, 5]]
+        return qk_score_terms(m, t, h)[[0, 2, 3, 4, 5]][:, [0, 2, 3, 4, 5]]
 
     rejects(check, no_positions, capsys, "shape")
 
 
 def test_copying_accuracy(capsys):
     check = ch06.check_copying_accuracy
-    accepts(check, ch06.ov_copying_accuracy, capsys)
-    rejects(check, lambda m, hs: sum(ch06.ov_copying_accuracy(m, [h]) for h in hs) / len(hs), capsys, "averaged")
+    accepts(check, ov_copying_accuracy, capsys)
+    rejects(check, lambda m, hs: sum(ov_copying_accuracy(m, [h]) for h in hs) / len(hs), capsys, "averaged")
 
     def by_column(m, hs):
         full = m.W_E @ sum(m.blocks[l].W_V[h] @ m.blocks[l].W_O[h] for l, h in hs) @ m.W_U
@@ -224,8 +227,8 @@ def test_smear_scores(capsys):
 
 def test_logit_attribution(capsys):
     check = ch07.check_logit_attribution
-    accepts(check, ch07.logit_attribution, capsys)
-    rejects(check, lambda m, t: ch07.logit_attribution(m, t)[..., 1:], capsys, "shape")
+    accepts(check, logit_attribution, capsys)
+    rejects(check, lambda m, t: logit_attribution(m, t)[..., 1:], capsys, "shape")
 
     def current(m, t):
         _, cache = m.run_with_cache(t)
@@ -237,11 +240,11 @@ def test_logit_attribution(capsys):
 
 def test_logit_attribution_sums_to_the_logits():
     m = ch07.shipped("attn-only-2l").model
-    toks = S.repeated_tokens(m, 20, batch_size=2)
-    parts = ch07.logit_attribution(m, toks)
+    toks = losses.repeated_tokens(m, 20, batch_size=2)
+    parts = logit_attribution(m, toks)
     with torch.no_grad():
         logit = m(toks)[:, :-1].gather(-1, toks[:, 1:, None])[..., 0]
-    assert parts.shape[-1] == len(ch07.attribution_labels(m)) == 9
+    assert parts.shape[-1] == len(attribution_labels(m)) == 9
     assert (parts.sum(-1) - logit).abs().max() < 1e-3
 
 
@@ -297,13 +300,13 @@ def test_handbuilt_models_meet_their_targets():
     layout = hb.Layout()
     toks = torch.randint(0, layout.d_vocab, (8, layout.n_ctx), generator=torch.Generator().manual_seed(0))
     assert S.previous_token_scores(hb.previous_token_model(layout), toks)[0, 0] > 0.99
-    assert ch08.two_back_accuracy(hb.two_back_model(layout), toks, 2) > 0.99
+    assert two_back_accuracy(hb.two_back_model(layout), toks, 2) > 0.99
     induction = hb.induction_model(layout)
     assert S.prefix_matching_scores(induction)[1, 0] >= ch08.PREFIX_TARGET
-    loss = S.repeated_token_loss(induction)
+    loss = losses.repeated_token_loss(induction)
     assert loss.second < 0.25 * loss.first, loss
     # K-composition: without the previous-token head the induction head cannot find its keys
-    assert S.prefix_matching_scores(induction, **S.zero_ablation(induction, (0, 0)))[1, 0] < 0.1
+    assert S.prefix_matching_scores(induction, **losses.zero_ablation(induction, (0, 0)))[1, 0] < 0.1
 
 
 def test_handbuilt_errors_name_the_fix():

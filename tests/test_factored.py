@@ -7,7 +7,6 @@ import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
 from attncircuits.circuits.factored import (
-    FactoredMatrix,
     full_ov_circuit,
     full_qk_circuit,
     mean_attention_by_offset,
@@ -16,6 +15,7 @@ from attncircuits.circuits.factored import (
     positional_qk_circuit,
     qk_circuit_parts,
 )
+from attncircuits.circuits.factored_matrix import FactoredMatrix
 
 
 @pytest.fixture(scope="module")

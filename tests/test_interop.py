@@ -9,6 +9,7 @@ import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
 from attncircuits import interop
+from attncircuits import losses
 from attncircuits import scores as S
 from attncircuits.circuits.composition import composition_scores
 from attncircuits.circuits.factored import full_ov_circuit
@@ -143,7 +144,7 @@ def test_head_detector_equals_our_scores(two_layer, shipped):
 
 def test_hooks_reproduce_our_zero_ablation(two_layer):
     model, tl_model = two_layer
-    tokens = S.repeated_tokens(model, batch_size=4)
+    tokens = losses.repeated_tokens(model, batch_size=4)
 
     def zero_head(z, hook):
         z[:, :, 3] = 0.0  # z is [batch, pos, head, d_head]; a zero z is a zero head output
@@ -151,7 +152,7 @@ def test_hooks_reproduce_our_zero_ablation(two_layer):
 
     with torch.no_grad():
         theirs = tl_model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", zero_head)])
-        ours = model(tokens, **S.zero_ablation(model, (0, 3)))
+        ours = model(tokens, **losses.zero_ablation(model, (0, 3)))
     assert (theirs.log_softmax(-1) - ours.log_softmax(-1)).abs().max().item() < LOGPROB_TOL
 
 

@@ -119,7 +119,7 @@ def test_other_bad_input(small_streams):
 
 
 def test_cli_refuses_the_live_preset(capsys):
-    from attncircuits.train import main
+    from attncircuits.train_cli import main
 
     with pytest.raises(SystemExit):
         main(["--preset", live.LIVE_PRESET])

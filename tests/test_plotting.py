@@ -17,7 +17,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 
 from attncircuits import load_pretrained, plotting  # noqa: E402
-from attncircuits.circuits import frequent_tokens  # noqa: E402
+from attncircuits.pretrained import frequent_tokens  # noqa: E402
 from attncircuits.data import decode, token_str, token_strs  # noqa: E402
 from attncircuits.heads import head_name  # noqa: E402
 from attncircuits.plotting import (  # noqa: E402

@@ -14,28 +14,30 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.scores import (
-    HeadScores,
+from attncircuits.losses import (
     ablated_loss,
     ablation_effects,
-    as_heads,
-    copying_scores,
-    head_scores,
     icl_positions,
     in_context_learning_score,
-    max_repeat_len,
     pattern_preserving_ablation,
     per_position_loss,
+    repeated_loss_curve,
+    repeated_token_loss,
+    repeated_tokens,
+    zero_ablation,
+)
+from attncircuits.scores import (
+    HeadScores,
+    copying_scores,
+    head_scores,
     prefix_match_targets,
     prefix_matching_mask,
     prefix_matching_scores,
     previous_token_scores,
-    repeated_loss_curve,
-    repeated_token_loss,
-    repeated_tokens,
     value_weighted_pattern,
-    zero_ablation,
 )
+from attncircuits import validate
+from attncircuits.validate import max_repeat_len
 
 # ----------------------------------------------------------------------------------------------
 # The hand-built induction circuit
@@ -280,7 +282,7 @@ def test_nonexistent_heads(tiny_model):
     with pytest.raises(IndexError, match="valid heads"):
         pattern_preserving_ablation(tiny_model, toks, (0, -1))
     with pytest.raises(TypeError, match=r"\(layer, head\) pair"):
-        as_heads(tiny_model, [3])
+        validate.heads(tiny_model, [3])
     with pytest.raises(ValueError, match="'zero' or 'pattern'"):
         ablated_loss(tiny_model, toks, (0, 0), mode="mean")
     zero = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=8, n_heads=1, d_head=8, d_vocab=50, n_ctx=16))
@@ -358,7 +360,7 @@ def test_per_position_loss_in_chunks_and_icl_from_it(tiny_model):
     ref = loss_fn(tiny_model(toks), toks, per_token=True).mean(0).detach()
     loss = per_position_loss(tiny_model, toks, chunk=3)
     torch.testing.assert_close(loss, ref)
-    from attncircuits.scores import icl_score_from_loss
+    from attncircuits.losses import icl_score_from_loss
 
     late, early = icl_positions(16)
     assert icl_score_from_loss(loss, 16) == pytest.approx((ref[late - 1] - ref[early - 1]).item(), abs=1e-5)
@@ -383,7 +385,7 @@ def test_phase_change_step_and_repeated_spans():
 
 
 def test_loss_at_positions_matches_the_full_loss(tiny_model):
-    from attncircuits.scores import loss_at_positions
+    from attncircuits.losses import loss_at_positions
 
     toks = torch.randint(0, 50, (7, 16), generator=torch.Generator().manual_seed(4))
     full = loss_fn(tiny_model(toks), toks, per_token=True).mean(0).detach()
@@ -395,7 +397,7 @@ def test_loss_at_positions_matches_the_full_loss(tiny_model):
 
 
 def test_per_token_loss_and_icl_per_row(tiny_model):
-    from attncircuits.scores import icl_score_from_loss, icl_scores_per_row, per_token_loss
+    from attncircuits.losses import icl_score_from_loss, icl_scores_per_row, per_token_loss
 
     toks = torch.randint(0, 50, (9, 16), generator=torch.Generator().manual_seed(5))
     nll = per_token_loss(tiny_model, toks, chunk=4)
@@ -439,7 +441,7 @@ def test_heads_are_int_pairs_that_exist(tiny_model):
     with pytest.raises(TypeError, match=r"heads must be a \(layer, head\) pair or a list of them, got '0'"):
         zero_ablation(tiny_model, "0")
     # numpy indices and lists as pairs are heads too
-    assert as_heads(tiny_model, [(np.int64(1), 2), [0, 3]]) == [(1, 2), (0, 3)]
+    assert validate.heads(tiny_model, [(np.int64(1), 2), [0, 3]]) == [(1, 2), (0, 3)]
     assert zero_ablation(tiny_model, (np.int64(1), 2)) == {"ablate": {(1, 2): 0.0}}
 
 

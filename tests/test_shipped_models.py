@@ -7,7 +7,8 @@ import torch
 
 from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
 from attncircuits.pretrained import PRETRAINED_DIR, corpus_info, load_train_bigram_counts, validation_windows
-from attncircuits.scores import prefix_matching_scores, previous_token_scores, repeated_token_loss
+from attncircuits.losses import repeated_token_loss
+from attncircuits.scores import prefix_matching_scores, previous_token_scores
 
 
 @pytest.fixture(scope="module")

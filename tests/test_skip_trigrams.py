@@ -4,15 +4,17 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.circuits.copying import copying_summary, eigen_copying_score
 from attncircuits.circuits.factored import full_ov_circuit, full_qk_circuit
 from attncircuits.circuits.skip_trigrams import (
-    copying_summary,
-    eigen_copying_score,
+    SkipTrigramRow,
     find_skip_trigram_bugs,
     resolve_tokens,
     skip_trigram_effects,
     top_skip_trigrams,
 )
+from attncircuits.data import token_str
+from attncircuits.pretrained import load_pretrained
 
 V = 20
 
@@ -220,3 +222,21 @@ def test_head_explorer_and_one_layer_figures(model):
     with pytest.raises(ValueError, match="3 cells for 2 columns"):
         plotting.skip_trigram_table_html([("a", "b", 1.0)], ["x", "y"])
     plt.close("all")
+
+
+def test_rows_are_typed_records_that_match_the_table(model):
+    """Rooms pass skip-trigram rows by field name, not by position: each row's fields are the
+    table's tokens (as strings) and numbers for that head and rank."""
+    tok = load_pretrained("attn-only-1l").tokenizer
+    st = top_skip_trigrams(model, 0, k=4, heads=[1, 3])
+    for h, i in ((1, 0), (3, 1)):
+        rows = st.rows(tok, h)
+        assert len(rows) == 4 and all(isinstance(r, SkipTrigramRow) for r in rows)
+        assert len(st.rows(tok, h, n=2)) == 2
+        for j, r in enumerate(rows):
+            assert r.source == token_str(tok, int(st.source[i, j]))
+            assert r.dest == token_str(tok, int(st.dest[i, j]))
+            assert r.out == token_str(tok, int(st.out[i, j]))
+            assert (r.attn, r.ov, r.score) == (float(st.attn[i, j]), float(st.ov[i, j]), float(st.score[i, j]))
+        assert [r.score for r in rows] == sorted((r.score for r in rows), reverse=True)
+        assert f"{rows[0].score:6.2f}" in st.format(tok, h, n=1)

@@ -12,7 +12,8 @@ import torch
 
 from attncircuits import AttnOnlyConfig, load_checkpoint, load_pretrained
 from attncircuits.pretrained import CORPUS_DIR, save_checkpoint
-from attncircuits.train import PRESETS, TrainConfig, lr_at, main, train
+from attncircuits.train import PRESETS, TrainConfig, lr_at, train
+from attncircuits.train_cli import main
 
 TOKENIZER = CORPUS_DIR / "tokenizer.json"
 

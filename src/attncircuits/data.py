@@ -301,10 +301,10 @@ def repeated_random_tokens(
     seq_len, n_repeats = validate.repeats(seq_len, n_repeats, n_ctx, prepend_eot)
     batch_size = validate.count(batch_size, "batch_size")
     d_vocab = validate.count(d_vocab, "d_vocab", 2, why="token 0 is never drawn")
-    return _repeated_rows(batch_size, seq_len, n_repeats, d_vocab, seed, prepend_eot)
+    return repeated_rows(batch_size, seq_len, n_repeats, d_vocab, seed, prepend_eot)
 
 
-def _repeated_rows(batch_size: int, seq_len: int, n_repeats: int, d_vocab: int, seed: int, prepend_eot: bool = True) -> Tensor:
+def repeated_rows(batch_size: int, seq_len: int, n_repeats: int, d_vocab: int, seed: int, prepend_eot: bool = True) -> Tensor:
     """:func:`repeated_random_tokens` for checked arguments (callers that checked them already)."""
     g = torch.Generator().manual_seed(int(seed))
     seq = torch.randint(1, d_vocab, (batch_size, seq_len), generator=g)

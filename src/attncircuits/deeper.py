@@ -20,7 +20,8 @@ from einops import einsum
 from . import validate
 from .circuits import CompositionScores, FactoredMatrix, random_composition_baseline
 from .heads import head_name
-from .interop import require_transformer_lens, wrap_tokenizer
+from .hooked import require_transformer_lens
+from .interop import wrap_tokenizer
 from .losses import repeated_tokens
 from .scores import HeadScores, copying_score_of_logits, prefix_matching_scores, previous_token_scores
 

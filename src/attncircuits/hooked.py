@@ -4,24 +4,58 @@ Pre-LayerNorm residual blocks, each an attention layer and a GELU MLP, four of t
 tokenizer, corpus and context as the attention-only models. It is trained by the course's own loop
 (:func:`attncircuits.train.train`, preset ``ln-mlp-4l``) and saved and loaded like the others
 (:mod:`attncircuits.pretrained`); TransformerLens gives the hooks, ``fold_ln`` and the head
-detector. TransformerLens is the optional ``tl`` extra: without it, building the model names the
-install command (the same message as chapter 9). The chapter's measures on it are in
+detector. TransformerLens is the optional ``tl`` extra (:data:`TL_REQUIREMENT`); without it,
+or with a 4.x, building the model names the install command (:func:`transformer_lens_version`,
+which chapter 9 uses too). The chapter's measures on it are in
 :mod:`attncircuits.deeper`.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from .interop import require_transformer_lens
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
+
+TL_REQUIREMENT = "transformer-lens>=3.9,<4"
+_INSTALL = f'run `pip install -e .[tl]` in the course repository, or `pip install "{TL_REQUIREMENT}"`'
+
+
+def transformer_lens_version() -> str:
+    """The installed TransformerLens version; an ImportError naming the install command when it is
+    missing, too old, or 4.x (which has no ``HookedTransformer`` to load our weights into)."""
+    try:
+        version = importlib.metadata.version("transformer-lens")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"TransformerLens is not installed; {_INSTALL}") from None
+    major_minor = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    if major_minor >= (4, 0):
+        raise ImportError(
+            f"TransformerLens {version} is installed, but attncircuits.interop needs 3.x: 4.x replaced "
+            "HookedTransformer, which takes our weights directly, by TransformerBridge, which wraps Hugging "
+            f'Face models; run `pip install "{TL_REQUIREMENT}"`'
+        )
+    if major_minor < (3, 9):
+        raise ImportError(f"TransformerLens {version} is too old (3.9 or later is needed); {_INSTALL}")
+    return version
+
+
+def require_transformer_lens():
+    """The ``transformer_lens`` module, or an ImportError naming the install command (see
+    :func:`transformer_lens_version`)."""
+    transformer_lens_version()
+    import transformer_lens
+
+    return transformer_lens
+
 
 #: the ``architecture`` value a checkpoint's config.json carries for this model
 ARCHITECTURE = "hooked-ln-mlp"
@@ -40,6 +74,9 @@ class HookedConfig:
     d_vocab: int = 2048
     act_fn: str = "gelu"
     normalization_type: str = "LN"
+    # "shortformer": positions enter the queries and keys only, as in the attention-only models, so
+    # the residual stream carries tokens alone; "standard": added to the residual stream (GPT-2)
+    positional_embedding_type: str = "standard"
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", "d_vocab"):
@@ -48,6 +85,9 @@ class HookedConfig:
                 raise ValueError(f"HookedConfig.{name} must be a whole number >= 1, got {v!r}")
         if self.act_fn not in ("gelu", "relu", "gelu_new"):
             raise ValueError(f"HookedConfig.act_fn must be 'gelu', 'gelu_new' or 'relu', got {self.act_fn!r}")
+        if self.positional_embedding_type not in ("standard", "shortformer"):
+            raise ValueError("HookedConfig.positional_embedding_type must be 'standard' or 'shortformer', "
+                             f"got {self.positional_embedding_type!r}")
         if self.normalization_type not in ("LN", "LNPre"):
             raise ValueError(f"HookedConfig.normalization_type must be 'LN' or 'LNPre', got {self.normalization_type!r}")
 
@@ -65,10 +105,10 @@ class HookedConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def tl_config(self):
-        """The ``HookedTransformerConfig`` of this shape (learned positions added to the residual)."""
+        """The ``HookedTransformerConfig`` of this shape."""
         tl = require_transformer_lens()
         return tl.HookedTransformerConfig(
-            **asdict(self), positional_embedding_type="standard", default_prepend_bos=False,
+            **asdict(self), default_prepend_bos=False,
             original_architecture=ARCHITECTURE,
         )
 

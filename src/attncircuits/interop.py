@@ -17,7 +17,6 @@ Only TransformerLens 3.x has ``HookedTransformer`` with this config; 4.x replace
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import re
 import warnings
@@ -27,6 +26,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+# the TransformerLens requirement and its check live with chapter 10's model (hooked.py, a lower
+# layer that loading checkpoints needs); chapter 9 reads them here, in the TransformerLens room
+from .hooked import TL_REQUIREMENT, require_transformer_lens, transformer_lens_version
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,46 +41,10 @@ __all__ = [
     "induction_stripe_scores",
     "ov_copying_scores",
     "to_transformer_lens",
-    "require_transformer_lens",
     "transformer_lens_version",
     "wrap_tokenizer",
     "zero_head_hook",
 ]
-
-TL_REQUIREMENT = "transformer-lens>=3.9,<4"
-_INSTALL = f'run `pip install -e .[tl]` in the course repository, or `pip install "{TL_REQUIREMENT}"`'
-
-
-def transformer_lens_version() -> str:
-    """The installed TransformerLens version; an ImportError naming the install command when it is
-    missing, too old, or 4.x (which has no ``HookedTransformer`` to load our weights into)."""
-    try:
-        version = importlib.metadata.version("transformer-lens")
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"TransformerLens is not installed; {_INSTALL}") from None
-    major_minor = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
-    if major_minor >= (4, 0):
-        raise ImportError(
-            f"TransformerLens {version} is installed, but attncircuits.interop needs 3.x: 4.x replaced "
-            "HookedTransformer, which takes our weights directly, by TransformerBridge, which wraps Hugging "
-            f'Face models; run `pip install "{TL_REQUIREMENT}"`'
-        )
-    if major_minor < (3, 9):
-        raise ImportError(f"TransformerLens {version} is too old (3.9 or later is needed); {_INSTALL}")
-    return version
-
-
-def _transformer_lens():
-    transformer_lens_version()
-    import transformer_lens
-
-    return transformer_lens
-
-
-def require_transformer_lens():
-    """The ``transformer_lens`` module, or an ImportError naming the install command (see
-    :func:`transformer_lens_version`)."""
-    return _transformer_lens()
 
 
 def wrap_tokenizer(tokenizer):
@@ -102,7 +68,7 @@ def to_transformer_lens(
     take strings; strings then start with ``<|endoftext|>``, as our training documents do. Token
     tensors are passed through unchanged either way.
     """
-    tl = _transformer_lens()
+    tl = require_transformer_lens()
     c = model.cfg
     cfg = tl.HookedTransformerConfig(
         model_name=model_name,
@@ -201,7 +167,7 @@ def from_transformer_lens(tl_model: "HookedTransformer") -> AttnOnlyTransformer:
     """Our :class:`AttnOnlyTransformer` with ``tl_model``'s weights, or an error naming every part it
     cannot represent exactly (LayerNorm, MLPs, non-zero biases, positions in the residual stream,
     rotary positions, ...). float16/bfloat16 weights are widened to float32, which is exact."""
-    _transformer_lens()
+    require_transformer_lens()
     cfg = tl_model.cfg
     problems = _refusals(cfg)
     blocks = [b.attn for b in tl_model.blocks]

@@ -1,6 +1,6 @@
 """Watch induction heads form: a two-layer model trained live, in minutes, on a laptop CPU.
 
-:func:`live_train` trains the ``attn-only-2l-live`` preset of ``train.py`` from random weights with
+:func:`live_train` trains the ``attn-only-2l-live`` preset of :mod:`attncircuits.train` from random weights with
 ``train.train``'s own loop. Every ``eval_every`` steps a callback reads the scores the loop has just
 measured (the best layer-0 previous-token head, the best last-layer prefix-matching head, the loss
 on the first and second copy of repeated random tokens), redraws a figure in place and stops the

@@ -4,11 +4,11 @@ Where :mod:`attncircuits.scores` scores each head by where it attends, this modu
 
 - per position on random tokens repeated (:func:`repeated_tokens`), first copy vs later copies;
 - the in-context-learning score (late-token loss minus early-token loss, Olsson et al. 2022);
-- ablations: zero ablation and Olsson's pattern-preserving ablation of chosen heads.
+- ablations: zero, mean and Olsson's pattern-preserving ablation of chosen heads.
 
 Random repeated tokens are the clean test of in-context learning: nothing but an earlier copy can
 predict a token of a later copy, so any loss that falls on the second copy was learned in context.
-Every name here is also importable from :mod:`attncircuits.scores`, where the chapters find it.
+The chapters import these from here.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from . import validate
-from .data import _repeated_rows
+from .data import repeated_rows
 from .heads import Head
 from .model import ActivationCache, AttnOnlyTransformer, loss_fn
-from .validate import max_repeat_len
 
 __all__ = [
     "AblationMode",
@@ -37,7 +36,7 @@ __all__ = [
     "icl_scores_per_row",
     "in_context_learning_score",
     "loss_at_positions",
-    "max_repeat_len",
+    "mean_ablation",
     "pattern_preserving_ablation",
     "per_position_loss",
     "per_token_loss",
@@ -55,18 +54,8 @@ def repeated_tokens(
     model: AttnOnlyTransformer, seq_len: int | None = None, n_repeats: int = 2, batch_size: int = 16, seed: int = 0
 ) -> Int[Tensor, "batch pos"]:
     """``[EOT] r1..rL r1..rL ...`` for this model's vocabulary; by default the longest L that fits."""
-    seq_len, n_repeats, batch_size = _repeat_args(model, seq_len, n_repeats, batch_size)
-    return _repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
-
-
-def _repeat_args(model, seq_len, n_repeats, batch_size, min_len: int = 1, min_repeats: int = 1, why: str = ""):
-    """Checked ``(seq_len, n_repeats, batch_size)`` of repeated tokens that fit the model (``seq_len``
-    None: the longest that fits)."""
-    n_repeats = validate.count(n_repeats, "n_repeats", min_repeats, why=why if min_repeats > 1 else "")
-    if seq_len is None:
-        seq_len = max_repeat_len(model.cfg.n_ctx, n_repeats)
-    seq_len, n_repeats = validate.repeats(seq_len, n_repeats, model.cfg.n_ctx, min_len=min_len, why=why)
-    return seq_len, n_repeats, validate.count(batch_size, "batch_size")
+    seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size)
+    return repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,8 +136,8 @@ def repeated_loss_curve(
 ) -> RepeatedLossCurve:
     """Per-position loss on random tokens repeated ``n_repeats`` times (default: the longest
     ``seq_len`` that fits). An induction head shows as loss falling to near 0 on later copies."""
-    seq_len, n_repeats, batch_size = _repeat_args(model, seq_len, n_repeats, batch_size, min_len=2, why=COPY_LOSS)
-    toks = _repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
+    seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size, min_len=2, why=COPY_LOSS)
+    toks = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
     return RepeatedLossCurve(_per_token_loss(model, toks, **forward_kwargs).mean(0), seq_len, n_repeats)
 
 
@@ -266,6 +255,16 @@ def zero_ablation(model: AttnOnlyTransformer, heads: Head | Iterable[Head]) -> d
     Downstream heads then see a residual stream without these heads, so their attention patterns can
     change too (a previous-token head's removal changes what an induction head's keys say)."""
     return {"ablate": {h: 0.0 for h in validate.heads(model, heads)}}
+
+
+@torch.no_grad()
+def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], heads: Head | Iterable[Head]) -> dict:
+    """Forward keyword arguments that replace each head's output by its mean over the batch and
+    the positions of ``tokens`` (a ``[d_model]`` vector): what the head writes on average stays,
+    what it writes *about this input* goes."""
+    heads = validate.heads(model, heads)
+    _, cache = model.run_with_cache(validate.tokens(model, tokens))
+    return {"ablate": {(l, h): cache.head_out[l][:, :, h].mean((0, 1)) for l, h in heads}}
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from safetensors.numpy import load_file as np_load_file
 from safetensors.numpy import save_file as np_save_file
 from safetensors.torch import load_file, save_file
 
-from . import hooked
+from . import hooked, validate
 from .data import load_tokenizer
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
@@ -322,6 +322,33 @@ def load_train_bigram_counts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     verify_manifest(CORPUS_DIR)
     d = np_load_file(CORPUS_DIR / "train_bigrams.safetensors")
     return tuple(torch.from_numpy(d[k].astype(np.int64)) for k in ("prev", "next", "count"))
+
+
+def frequent_tokens(
+    tokenizer, n: int, words_only: bool = True, min_chars: int = 2, spaced: bool = False
+) -> torch.Tensor:
+    """The ``n`` most frequent tokens of the training text, for readable heatmaps and tables.
+
+    With ``words_only``, only tokens that are a word (letters, optionally after one leading space)
+    of at least ``min_chars`` letters, e.g. ``·self`` or ``return``; with ``spaced`` too, only those
+    with the leading space (whole words of running text, not pieces of longer ones). Counts come
+    from the shipped training-split bigram counts.
+    """
+    n = validate.count(n, "n")
+    prev, _, count = load_train_bigram_counts()
+    V = tokenizer.get_vocab_size()
+    freq = torch.zeros(V, dtype=torch.long).index_add_(0, prev, count)
+    picked = []
+    for t in freq.argsort(descending=True).tolist():
+        text = tokenizer.decode([t])
+        word = text.removeprefix(" ")
+        if spaced and word == text:
+            continue
+        if not words_only or (word.isascii() and word.isalpha() and len(word) >= min_chars):
+            picked.append(t)
+        if len(picked) == n:
+            break
+    return torch.tensor(picked, dtype=torch.long)
 
 
 def corpus_info() -> dict:

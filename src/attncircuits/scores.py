@@ -8,7 +8,7 @@ Where ``circuits`` reads weights, this module runs forward passes:
 - repeats in real text, and the phase change in a training history.
 
 The loss-based measures (loss on repeated tokens, the in-context-learning score, ablations) live
-in :mod:`attncircuits.losses`; their names are importable from here too, as the chapters do.
+in :mod:`attncircuits.losses`, and the chapters import them from there.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from . import validate
-from .data import _repeated_rows
-from .losses import *  # noqa: F401,F403  (the names in losses.__all__: the chapters import them from here)
-from .losses import _repeat_args
+from .data import repeated_rows
+from .circuits.paths import next_token_contributions
 from .heads import Head, head_name
 from .model import ActivationCache, AttnOnlyTransformer
-from .validate import heads as as_heads  # noqa: F401  (a (layer, head) pair or a list of them, checked)
 
 SCORES = ("previous_token", "prefix_matching", "copying")
 
@@ -105,9 +103,9 @@ def prefix_matching_scores(
     """
     validate.depth(model, "attention heads to score")
     why = "prefix matching is measured on the later copies"
-    seq_len, n_repeats, batch_size = _repeat_args(model, seq_len, n_repeats, batch_size, min_repeats=2, why=why)
+    seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size, min_repeats=2, why=why)
     if tokens is None:
-        tokens = _repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
+        tokens = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
     tokens = validate.tokens(model, tokens)
     if tokens.shape[1] != 1 + seq_len * n_repeats:
         raise ValueError(
@@ -138,8 +136,8 @@ def copying_scores(
     whose output does not single ``t`` out. Heads get the mean over source tokens.
     """
     validate.depth(model, "attention heads to score")
-    seq_len, _, batch_size = _repeat_args(model, seq_len, 1, batch_size)
-    toks = _repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed)
+    seq_len, _, batch_size = validate.repeat_args(model, seq_len, 1, batch_size)
+    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed)
     _, cache = model.run_with_cache(toks)
     src = toks[:, 1:].flatten()  # the random tokens (the start token is left out)
     out = torch.empty(model.cfg.n_layers, model.cfg.n_heads)
@@ -216,6 +214,72 @@ def head_scores(
         prefix_matching=prefix_matching_scores(model, seq_len, n_repeats, seed=seed).cpu(),
         copying=copying_scores(model, seq_len=min(seq_len, model.cfg.n_ctx - 1), seed=seed),
     )
+
+
+def induction_heads(model: AttnOnlyTransformer, threshold: float = 0.3) -> list[Head]:
+    """The heads whose prefix-matching score (25 random tokens x 4) is above ``threshold``."""
+    pm = prefix_matching_scores(model, batch_size=8)
+    return [(int(l), int(h)) for l, h in (pm > threshold).nonzero().tolist()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention scores by source, and the logit by term
+# ----------------------------------------------------------------------------------------------
+
+
+def qk_source_names(model: AttnOnlyTransformer) -> list[str]:
+    """The sources of a layer-1 query or key input: the embedding, the positions, each layer-0 head."""
+    return ["embed", "pos"] + [head_name(0, h) for h in range(model.cfg.n_heads)]
+
+
+@torch.no_grad()
+def qk_score_terms(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], head: int
+) -> Float[Tensor, "q_source k_source batch q k"]:
+    """The attention scores of layer-1 head ``head`` split by where the query and the key input
+    come from (:func:`qk_source_names`): the query input is ``W_E[t] + W_pos + Σ_a out^{0,a}`` and
+    so is the key's, so the score is a sum of ``(2 + n_heads)²`` terms
+    ``(src_q W_Q)(src_k W_K)ᵀ / sqrt(d_head)``. Unmasked: the causal mask is not applied."""
+    validate.depth(model, "splitting a layer-1 head's scores by source", at_least=2)
+    tokens = validate.tokens(model, tokens)
+    head = validate.head(model, head)
+    _, cache = model.run_with_cache(tokens)
+    n = tokens.shape[1]
+    parts = [model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)]
+    parts += [cache.head_out[0][:, :, a] for a in range(model.cfg.n_heads)]
+    src = torch.stack(parts)  # [source, batch, pos, d_model]
+    blk = model.blocks[1]
+    q = src @ blk.W_Q[head]
+    k = src @ blk.W_K[head]
+    return einsum(q, k, "s b q d, t b k d -> s t b q k") / model.cfg.d_head**0.5
+
+
+def attribution_labels(model: AttnOnlyTransformer) -> list[str]:
+    """The names of the terms of :func:`logit_attribution`: ``direct``, then ``0.0``, ``0.1``, ...
+    (:func:`~attncircuits.heads.head_name`)."""
+    return ["direct"] + [head_name(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+
+
+@torch.no_grad()
+def logit_attribution(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch target term"]:
+    """Each term's share of the logit of the *next* token, at every position but the last: the
+    direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
+    With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
+    tokens = validate.tokens(model, tokens, 2, "a next token to attribute")
+    _, cache = model.run_with_cache(tokens)
+    parts = [(model.W_E[tokens] @ model.W_U)[:, :, None]] + [out @ model.W_U for out in cache.head_out]
+    return next_token_contributions(parts, tokens, centered=False)
+
+
+@torch.no_grad()
+def two_back_accuracy(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], back: int = 2) -> float:
+    """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
+    back = validate.count(back, "back")
+    tokens = validate.tokens(model, tokens, back + 1, f"a token {back} back")
+    logits = model(tokens)
+    return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from . import validate
-from .data import _repeated_rows
+from .data import repeated_rows
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 
 __all__ = ["SmearedKeyTransformer", "smear_scores", "train_on_repeated_tokens", "varied_repeats"]
@@ -81,7 +81,7 @@ def varied_repeats(batch_size: int, n_ctx: int, d_vocab: int, generator: torch.G
     d_vocab = validate.count(d_vocab, "d_vocab", 2, why="token 0 is never drawn")
     length = int(torch.randint(min_len, n_ctx // 2, (1,), generator=generator))
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    return _repeated_rows(batch_size, length, n_ctx // length + 1, d_vocab, seed)[:, :n_ctx]
+    return repeated_rows(batch_size, length, n_ctx // length + 1, d_vocab, seed)[:, :n_ctx]
 
 
 def train_on_repeated_tokens(

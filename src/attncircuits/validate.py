@@ -303,3 +303,13 @@ def repeats(
             f"positions but the model has n_ctx={n_ctx}; the maximum seq_len for {n_repeats} copies is {best}"
         )
     return seq_len, n_repeats
+
+
+def repeat_args(model, seq_len, n_repeats, batch_size, min_len: int = 1, min_repeats: int = 1, why: str = ""):
+    """Checked ``(seq_len, n_repeats, batch_size)`` of repeated tokens that fit the model (``seq_len``
+    None: the longest that fits)."""
+    n_repeats = count(n_repeats, "n_repeats", min_repeats, why=why if min_repeats > 1 else "")
+    if seq_len is None:
+        seq_len = max_repeat_len(model.cfg.n_ctx, n_repeats)
+    seq_len, n_repeats = repeats(seq_len, n_repeats, model.cfg.n_ctx, min_len=min_len, why=why)
+    return seq_len, n_repeats, count(batch_size, "batch_size")

@@ -29,8 +29,9 @@ from torch import Tensor
 
 from .. import validate
 from ..model import AttnOnlyTransformer
-from .factored import FactoredMatrix, _ov
-from .skip_trigrams import eigen_copying_score
+from .factored import ov_factors
+from .factored_matrix import FactoredMatrix
+from .copying import eigen_copying_score
 
 __all__ = [
     "InductionEigen",
@@ -107,5 +108,5 @@ def induction_eigen_positivity(
     """The paper's QK-vs-OV scatter data for every head of ``layer`` (eigenvalues via ``BA``)."""
     layer, writers = _reader(model, layer, writers)
     qk = eigen_copying_score(_k_composition(model, slice(None), writers, layer).eigenvalues())
-    ov = eigen_copying_score(_ov(model, layer, slice(None)).eigenvalues())
+    ov = eigen_copying_score(ov_factors(model, layer, slice(None)).eigenvalues())
     return InductionEigen(layer, qk.float(), ov.float())

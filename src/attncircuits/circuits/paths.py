@@ -32,7 +32,13 @@ from ..model import AttnOnlyTransformer
 
 NO_LAYERS = "attention patterns: its logits are the direct path alone"
 
-__all__ = ["PathExpansion", "attention_patterns_from_weights", "path_expansion", "path_expansion_error"]
+__all__ = [
+    "PathExpansion",
+    "attention_patterns_from_weights",
+    "next_token_contributions",
+    "path_expansion",
+    "path_expansion_error",
+]
 
 
 @dataclass
@@ -67,14 +73,23 @@ class PathExpansion:
         the softmax ignores a shift shared by all logits, so only the part that singles out the
         next token counts.
         """
-        parts = [self.direct[:, :-1, None], self.heads[:, :-1]]
-        parts += [self.rest[:, :-1, None]] if self.rest is not None else []
-        nxt = self.tokens[:, 1:, None, None]
-        out = []
-        for p in parts:  # term by term: never a copy of all terms at once
-            c = p.gather(-1, nxt.expand(-1, -1, p.shape[2], 1))[..., 0]
-            out.append(c - p.mean(-1) if centered else c)
-        return torch.cat(out, dim=2)
+        parts = [self.direct[:, :, None], self.heads] + ([self.rest[:, :, None]] if self.rest is not None else [])
+        return next_token_contributions(parts, self.tokens, centered)
+
+
+def next_token_contributions(
+    parts: list[Float[Tensor, "batch pos term d_vocab"]], tokens: Int[Tensor, "batch pos"], centered: bool = True
+) -> Float[Tensor, "batch pos_minus_1 term"]:
+    """Each term's logit of the true next token ``tokens[:, 1:]``, at every position but the last,
+    the terms of all ``parts`` side by side (``centered``: each term's mean over the vocabulary
+    subtracted first). Term by term: never a copy of all terms at once."""
+    nxt = tokens[:, 1:, None, None]
+    out = []
+    for p in parts:
+        p = p[:, :-1]
+        c = p.gather(-1, nxt.expand(-1, -1, p.shape[2], 1))[..., 0]
+        out.append(c - p.mean(-1) if centered else c)
+    return torch.cat(out, dim=2)
 
 
 def attention_patterns_from_weights(

@@ -20,33 +20,29 @@ For a fixed source the score is largest for the source's top destinations and to
 global top ``k`` triples lie among ``k`` destinations x ``k`` outputs per source: two top-``k`` passes
 over the factored circuits (a block of rows at a time) find them exactly.
 
-Copying. A head copies when attending to a token raises that same token's logit: its OV circuit
-has mostly positive eigenvalues. The paper summarises this as ``Σλ / Σ|λ|`` ∈ [−1, 1], computed from
-the ``d_head x d_head`` product (see :meth:`FactoredMatrix.eigenvalues`).
+Copying heads, read from the OV circuit's eigenvalues, are in :mod:`.copying`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
-from jaxtyping import Complex, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from .. import validate
 from ..data import token_str
 from ..heads import head_name
 from ..model import AttnOnlyTransformer
-from .factored import FactoredMatrix, _ov, _qk
+from .factored import ov_factors, qk_factors
 
 __all__ = [
-    "CopyingSummary",
     "SkipTrigramBug",
+    "SkipTrigramRow",
     "SkipTrigrams",
-    "copying_summary",
-    "eigen_copying_score",
     "find_skip_trigram_bugs",
-    "frequent_tokens",
     "resolve_tokens",
     "skip_trigram_effects",
     "top_skip_trigrams",
@@ -62,35 +58,6 @@ def resolve_tokens(tokenizer, tokens, d_vocab: int) -> Int[Tensor, " n"]:
     return validate.token_list(tokenizer, tokens, d_vocab)
 
 
-def frequent_tokens(
-    tokenizer, n: int, words_only: bool = True, min_chars: int = 2, spaced: bool = False
-) -> Int[Tensor, " n"]:
-    """The ``n`` most frequent tokens of the training text, for readable heatmaps and tables.
-
-    With ``words_only``, only tokens that are a word (letters, optionally after one leading space)
-    of at least ``min_chars`` letters, e.g. ``·self`` or ``return``; with ``spaced`` too, only those
-    with the leading space (whole words of running text, not pieces of longer ones). Counts come
-    from the shipped training-split bigram counts.
-    """
-    from ..pretrained import load_train_bigram_counts
-
-    n = validate.count(n, "n")
-    prev, _, count = load_train_bigram_counts()
-    V = tokenizer.get_vocab_size()
-    freq = torch.zeros(V, dtype=torch.long).index_add_(0, prev, count)
-    picked = []
-    for t in freq.argsort(descending=True).tolist():
-        text = tokenizer.decode([t])
-        word = text.removeprefix(" ")
-        if spaced and word == text:
-            continue
-        if not words_only or (word.isascii() and word.isalpha() and len(word) >= min_chars):
-            picked.append(t)
-        if len(picked) == n:
-            break
-    return torch.tensor(picked, dtype=torch.long)
-
-
 def _subset(model, tokens) -> Tensor | None:
     """A vocabulary subset (ids), checked; None: the whole vocabulary."""
     return None if tokens is None else validate.token_ids(tokens, model.cfg.d_vocab, "tokens", ndim=1, allow_empty=False)
@@ -98,8 +65,8 @@ def _subset(model, tokens) -> Tensor | None:
 
 def _centered_circuits(model, layer: int, heads: list[int] | None, tokens: Tensor | None):
     """Centered QK and OV circuits of a checked layer, heads (None: all) and vocabulary subset."""
-    qk = _qk(model, layer, slice(None), model.W_E, model.W_E).centered(-1)  # centered over all keys, then restricted
-    ov = _ov(model, layer, slice(None)).centered(-1)
+    qk = qk_factors(model, layer, slice(None), model.W_E, model.W_E).centered(-1)  # centered over all keys, then restricted
+    ov = ov_factors(model, layer, slice(None)).centered(-1)
     if heads is not None:
         qk, ov = qk[heads], ov[heads]
     if tokens is not None:
@@ -110,6 +77,17 @@ def _centered_circuits(model, layer: int, heads: list[int] | None, tokens: Tenso
 # ------------------------------------------------------------------------------------------------
 # Skip-trigram tables
 # ------------------------------------------------------------------------------------------------
+class SkipTrigramRow(NamedTuple):
+    """One skip-trigram ``source … dest → out`` with readable tokens, as tables and figures show it."""
+
+    source: str
+    dest: str
+    out: str
+    attn: float  # attention the destination gives the source among n_keys keys
+    ov: float  # centered OV logit effect
+    score: float  # predicted rise of the output logit, attn · OV
+
+
 @dataclass
 class SkipTrigrams:
     """The top ``k`` skip-trigrams of each head, best first: all fields ``[n_heads, k]``."""
@@ -134,18 +112,18 @@ class SkipTrigrams:
             raise IndexError(f"head {head} is not in this table; it has heads {self.heads}")
         return self.heads.index(head)
 
-    def rows(self, tokenizer, head: int, n: int | None = None) -> list[tuple[str, str, str, float, float, float]]:
-        """``(source, destination, output, attn, OV, score)`` rows with readable tokens."""
+    def rows(self, tokenizer, head: int, n: int | None = None) -> list[SkipTrigramRow]:
+        """The head's first ``n`` (default: all) skip-trigrams, best first, with readable tokens."""
         i = self._index(head)
         n = self.source.shape[1] if n is None else n
         return [
-            (
-                token_str(tokenizer, int(self.source[i, j])),
-                token_str(tokenizer, int(self.dest[i, j])),
-                token_str(tokenizer, int(self.out[i, j])),
-                float(self.attn[i, j]),
-                float(self.ov[i, j]),
-                float(self.score[i, j]),
+            SkipTrigramRow(
+                source=token_str(tokenizer, int(self.source[i, j])),
+                dest=token_str(tokenizer, int(self.dest[i, j])),
+                out=token_str(tokenizer, int(self.out[i, j])),
+                attn=float(self.attn[i, j]),
+                ov=float(self.ov[i, j]),
+                score=float(self.score[i, j]),
             )
             for j in range(n)
         ]
@@ -153,8 +131,8 @@ class SkipTrigrams:
     def format(self, tokenizer, head: int, n: int | None = None) -> str:
         """A plain-text table: ``source … destination → output`` with its scores."""
         lines = [f"head {head_name(self.layer, head)}: source … destination → output   attn   OV    score"]
-        for s, d, o, a, ov, sc in self.rows(tokenizer, head, n):
-            lines.append(f"  {s!r:>14} … {d!r:<12} → {o!r:<14} {a:5.2f} {ov:5.2f} {sc:6.2f}")
+        for r in self.rows(tokenizer, head, n):
+            lines.append(f"  {r.source!r:>14} … {r.dest!r:<12} → {r.out!r:<14} {r.attn:5.2f} {r.ov:5.2f} {r.score:6.2f}")
         return "\n".join(lines)
 
 
@@ -243,87 +221,6 @@ def skip_trigram_effects(
         return lp.gather(-1, out)[..., 0]
 
     return logp(with_src) - logp(clean)
-
-
-# ------------------------------------------------------------------------------------------------
-# Copying
-# ------------------------------------------------------------------------------------------------
-def eigen_copying_score(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "*batch"]:
-    """The paper's summary ``Σλ / Σ|λ|`` ∈ [−1, 1]: +1 when all eigenvalues are positive reals (copying),
-    −1 when all are negative (anti-copying), near 0 when they spread around the circle."""
-    return eigenvalues.sum(-1).real / eigenvalues.abs().sum(-1)
-
-
-@dataclass
-class CopyingSummary:
-    """Per head of one layer: the eigenvalue summary and the two alternatives the paper mentions."""
-
-    layer: int
-    eigenvalues: Complex[Tensor, "head d_head"]  # of the OV circuit with W_U centred over the vocabulary
-    eigen_score: Float[Tensor, " head"]  # Σλ / Σ|λ| of those
-    eigen_score_raw: Float[Tensor, " head"]  # Σλ / Σ|λ| without centring (the shared logit shift included)
-    shuffled_max: Float[Tensor, " head"]  # max |Σλ/Σ|λ|| with the output tokens shuffled (no copying possible)
-    diagonal_z: Float[Tensor, " head"]  # mean over tokens of (OV[t, t] − row mean) / row std
-    self_topk: Float[Tensor, " head"]  # fraction of tokens whose own logit is in their row's top k
-    k: int
-
-    @property
-    def copying(self) -> Int[Tensor, " head"]:
-        """Heads that copy significantly: a positive summary beyond every shuffled one."""
-        return (self.eigen_score > self.shuffled_max).long()
-
-    @property
-    def n_copying(self) -> int:
-        return int(self.copying.sum())
-
-
-@torch.no_grad()
-def copying_summary(
-    model: AttnOnlyTransformer,
-    layer: int,
-    k: int = 10,
-    tokens: Int[Tensor, " n"] | None = None,
-    n_shuffles: int = 50,
-    seed: int = 0,
-) -> CopyingSummary:
-    """Eigenvalue copying scores of every head of ``layer``, with a shuffled baseline and the two
-    alternatives: the diagonal of the OV circuit and top-``k`` self-prediction.
-
-    Centring: a softmax ignores a shift shared by all logits, so each OV row is centred over the
-    outputs (``W_U`` minus its mean column, as TransformerLens does by default) before the
-    eigenvalues are taken. Without it, the direction shared by all embeddings maps onto the one
-    shared by all unembeddings and adds a large eigenvalue that moves every logit alike
-    (``eigen_score_raw`` keeps that version for comparison). Significance: shuffling the output tokens
-    keeps every norm but makes "output the same token" meaningless, so a head copies if its summary
-    beats the largest ``|Σλ/Σ|λ||`` over ``n_shuffles`` shuffles. Everything goes through the factors:
-    eigenvalues from the ``d_head x d_head`` product, the diagonal and row statistics from ``A``, ``B`` and
-    ``B Bᵀ``, the top-``k`` a block of rows at a time.
-    """
-    validate.depth(model, "OV circuits")
-    layer, k = validate.layer(model, layer), validate.count(k, "k")
-    n_shuffles, tokens = validate.count(n_shuffles, "n_shuffles", 0), _subset(model, tokens)
-    raw = _ov(model, layer, slice(None))
-    ov = raw.centered(-1)
-    if tokens is not None:
-        raw, ov = raw.restrict(tokens, tokens), ov.restrict(tokens, tokens)
-    eig = ov.eigenvalues()
-    score = eigen_copying_score(eig)
-    score_raw = eigen_copying_score(raw.eigenvalues())
-    g = torch.Generator().manual_seed(seed)
-    shuffled = []
-    for _ in range(n_shuffles):
-        perm = torch.randperm(ov.rdim, generator=g)
-        shuffled.append(eigen_copying_score(FactoredMatrix(ov.A, ov.B[..., perm]).eigenvalues()).abs())
-    shuffled_max = torch.stack(shuffled).max(0).values if shuffled else torch.zeros_like(score)
-    # diagonal z-score: row mean and mean square through the factors
-    n = ov.rdim
-    row_mean = ov.A @ ov.B.mean(-1, keepdim=True)  # [H, V, 1]
-    row_sq = ((ov.A @ (ov.B @ ov.B.transpose(-2, -1))) * ov.A).sum(-1, keepdim=True) / n
-    row_std = (row_sq - row_mean**2).clamp_min(1e-12).sqrt()
-    diag_z = ((ov.diag()[..., None] - row_mean) / row_std)[..., 0].mean(-1)
-    _, top = ov.topk_per_row(k)
-    self_topk = (top == torch.arange(ov.ldim)[:, None]).any(-1).float().mean(-1)
-    return CopyingSummary(layer, eig, score, score_raw, shuffled_max, diag_z, self_topk, k)
 
 
 # ------------------------------------------------------------------------------------------------

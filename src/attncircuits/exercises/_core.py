@@ -68,6 +68,7 @@ import torch
 from torch import Tensor
 
 from ..model import AttnOnlyConfig, AttnOnlyTransformer
+from ..pretrained import load_pretrained
 from ._compare import _close, _describe_type, _generic_mismatch, _structure
 from ._run import _call, _Stop
 
@@ -202,8 +203,6 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare)
 @functools.lru_cache(maxsize=None)
 def shipped(name: str):
     """A shipped checkpoint (``attn-only-0l``, ``-1l`` or ``-2l``), loaded once per session."""
-    from ..pretrained import load_pretrained
-
     return load_pretrained(name)
 
 

@@ -34,7 +34,7 @@ def _pattern(q, k, scale=True, mask=True, dim=-1, mask_after=False):
     return pattern * causal if mask_after else pattern
 
 
-def _head(resid, W_pos, W_Q, W_K, W_V, W_O, positions=True, pos_in_values=False, **pattern_kw):
+def head_variant(resid, W_pos, W_Q, W_K, W_V, W_O, positions=True, pos_in_values=False, **pattern_kw):
     x = resid + W_pos[: resid.shape[1]] if positions else resid
     pattern = _pattern(x @ W_Q, x @ W_K, **pattern_kw)
     v = (x if pos_in_values else resid) @ W_V
@@ -107,15 +107,15 @@ def check_head_output(head_output) -> bool:
         _head_case("attn-only-2l", 1, 0, "attn-only-2l head 1.0", "shipped"),
         _head_case(rnd, 1, 2, "a random model", "random", random_tokens(64, (2, 12), seed=4)),
     ]
-    mistakes = _head_mistakes(_head) + [
-        Diagnosis("the softmax runs over the query axis, not over keys", lambda e, c: _head(*c.args, dim=-2)),
+    mistakes = head_mistakes(head_variant) + [
+        Diagnosis("the softmax runs over the query axis, not over keys", lambda e, c: head_variant(*c.args, dim=-2)),
     ]
     return run_check(head_output, cases, diagnoses=mistakes, atol=1e-4, rtol=1e-3)
 
 
-def _head_mistakes(variant) -> list[Diagnosis]:
+def head_mistakes(variant) -> list[Diagnosis]:
     """The usual mistakes in one head's forward pass, each computed by ``variant(*case.args, **how)``
-    (``_head``'s keywords): chapter 1's head output and chapter 3's head term share them."""
+    (``head_variant``'s keywords): chapter 1's head output and chapter 3's head term share them."""
     return [
         Diagnosis(
             "positions reach the values too; in this model W_pos enters only the queries and keys",
@@ -139,7 +139,7 @@ def _logits_without_residual(model, tokens):
 
 
 def _head_sum(model, block, resid):
-    return sum(_head(resid, model.W_pos, block.W_Q[h], block.W_K[h], block.W_V[h], block.W_O[h])
+    return sum(head_variant(resid, model.W_pos, block.W_Q[h], block.W_K[h], block.W_V[h], block.W_O[h])
                for h in range(model.cfg.n_heads))
 
 

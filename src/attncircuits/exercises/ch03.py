@@ -17,7 +17,7 @@ from ..circuits.factored import full_ov_circuit, full_qk_circuit, mean_attention
 from ..circuits.paths import path_expansion
 from ..pretrained import validation_windows
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
-from .ch01 import _head, _head_mistakes
+from .ch01 import head_mistakes, head_variant
 
 __all__ = [
     "check_direct_path_logits",
@@ -51,14 +51,14 @@ def check_direct_path_logits(direct_path_logits) -> bool:
 # ---- Exercise 3.2 --------------------------------------------------------------------------------
 def _head_term(model, tokens, head, **kw):
     b = model.blocks[0]
-    out = _head(model.W_E[tokens], model.W_pos, b.W_Q[head], b.W_K[head], b.W_V[head], b.W_O[head], **kw)
+    out = head_variant(model.W_E[tokens], model.W_pos, b.W_Q[head], b.W_K[head], b.W_V[head], b.W_O[head], **kw)
     return out @ model.W_U
 
 
 def check_head_logit_term(head_logit_term) -> bool:
     """``head_logit_term(model, tokens, head)`` -> head ``0.head``'s term of the logits,
     ``[batch, pos, d_vocab]``."""
-    mistakes = _head_mistakes(_head_term) + [
+    mistakes = head_mistakes(_head_term) + [
         Diagnosis(
             "this is the head's output in the residual stream; multiply by W_U to get logits",
             applies=lambda g, e, c: g.shape[-1] == c.args[0].cfg.d_model,

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..circuits.factored import FactoredMatrix, full_ov_circuit, full_qk_circuit
-from ..circuits.skip_trigrams import copying_summary, frequent_tokens, top_skip_trigrams
+from ..circuits.factored import full_ov_circuit, full_qk_circuit
+from ..circuits.factored_matrix import FactoredMatrix
+from ..circuits.copying import copying_summary
+from ..circuits.skip_trigrams import top_skip_trigrams
+from ..pretrained import frequent_tokens
 from ._core import Case, Diagnosis, random_model, run_check, shipped
 
 __all__ = ["check_skip_trigram_score", "check_top_skip_trigrams", "check_nonzero_eigenvalues", "check_copying_score"]

@@ -15,7 +15,9 @@ import torch
 from torch import Tensor
 
 from .. import circuits
+from ..circuits.composition import random_composition_scores
 from ..model import AttnOnlyTransformer
+from ..pretrained import validation_windows
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
 __all__ = [
@@ -24,7 +26,6 @@ __all__ = [
     "check_k_composition_score",
     "check_random_composition_scores",
     "check_virtual_ov",
-    "random_composition_scores",
 ]
 
 
@@ -129,13 +130,6 @@ def check_k_composition_score(fn) -> bool:
 
 
 # ---- 5.3 the random baseline ---------------------------------------------------------------------
-def random_composition_scores(d_model: int, d_head: int, n_samples: int, seed: int = 0) -> Tensor:
-    """Composition scores of ``n_samples`` pairs of random rank-``d_head`` maps (Gaussian factors
-    ``[d_model, d_head] @ [d_head, d_model]``): the baseline a model's scores are read against."""
-    base = circuits.random_composition_baseline(d_model, d_head, n_samples, seed)
-    return base.samples["k"].float()
-
-
 def _compare_baseline(got, expected, case) -> str | None:
     if not isinstance(got, Tensor):
         return f"return a tensor of the scores, got a {type(got).__name__}"
@@ -217,8 +211,6 @@ def _first_order(model, tokens):
 def check_first_order_loss(fn) -> bool:
     """``first_order_loss(model, tokens) -> float``: the loss of the direct path plus every
     single-head term, all attention patterns frozen, no virtual heads."""
-    from ..pretrained import validation_windows
-
     m2 = shipped("attn-only-2l").model
     rnd = _two_layer()
     cases = [

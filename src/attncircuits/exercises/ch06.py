@@ -2,9 +2,9 @@
 cache, finding induction heads in any model, zero and mean ablation, the induction head's
 attention scores split by source, and the copying accuracy of the induction heads' OV circuits.
 
-The references here (``qk_score_terms``, ``mean_ablation``, ``ov_copying_accuracy``) are the
-package's own functions for these quantities; the chapter's later cells call them, never the
-learner's versions.
+The references are the package's own functions for these quantities, in the rooms of what they
+read (:mod:`attncircuits.scores`, :mod:`attncircuits.losses`, :mod:`attncircuits.circuits`); the
+chapter's later cells call them, never the learner's versions.
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ import math
 
 import torch
 from einops import einsum
-from jaxtyping import Float, Int
 from torch import Tensor
 
-from .. import handbuilt, scores
-from ..model import AttnOnlyTransformer, Head
+from .. import handbuilt, losses, scores
+from ..circuits.copying import ov_copying_accuracy
+from ..losses import mean_ablation
+from ..model import AttnOnlyTransformer
+from ..pretrained import validation_windows
+from ..scores import induction_heads, qk_score_terms
 from ._core import Case, Diagnosis, random_model, run_check, shipped
 
 __all__ = [
@@ -27,60 +30,7 @@ __all__ = [
     "check_prefix_matching_score",
     "check_previous_token_score",
     "check_qk_score_terms",
-    "induction_heads",
-    "mean_ablation",
-    "ov_copying_accuracy",
-    "qk_score_terms",
-    "qk_source_names",
 ]
-
-
-# ---- references ---------------------------------------------------------------------------------
-def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], heads: Head | list[Head]) -> dict:
-    """Forward keyword arguments that replace each head's output by its mean over the batch and
-    the positions of ``tokens`` (a ``[d_model]`` vector): what the head writes on average stays,
-    what it writes *about this input* goes."""
-    heads = scores.as_heads(model, heads)
-    _, cache = model.run_with_cache(tokens)
-    return {"ablate": {(l, h): cache.head_out[l][:, :, h].mean((0, 1)) for l, h in heads}}
-
-
-def qk_source_names(model: AttnOnlyTransformer) -> list[str]:
-    """The sources of a layer-1 query or key input: the embedding, the positions, each layer-0 head."""
-    return ["embed", "pos"] + [f"0.{h}" for h in range(model.cfg.n_heads)]
-
-
-@torch.no_grad()
-def qk_score_terms(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], head: int
-) -> Float[Tensor, "q_source k_source batch q k"]:
-    """The attention scores of layer-1 head ``head`` split by where the query and the key input
-    come from (:func:`qk_source_names`): the query input is ``W_E[t] + W_pos + Σ_a out^{0,a}`` and
-    so is the key's, so the score is a sum of ``(2 + n_heads)²`` terms
-    ``(src_q W_Q)(src_k W_K)ᵀ / sqrt(d_head)``. Unmasked: the causal mask is not applied."""
-    tokens = model.check_tokens(tokens)
-    model.check_head(1, head)
-    _, cache = model.run_with_cache(tokens)
-    n = tokens.shape[1]
-    parts = [model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)]
-    parts += [cache.head_out[0][:, :, a] for a in range(model.cfg.n_heads)]
-    src = torch.stack(parts)  # [source, batch, pos, d_model]
-    blk = model.blocks[1]
-    q = src @ blk.W_Q[head]
-    k = src @ blk.W_K[head]
-    return einsum(q, k, "s b q d, t b k d -> s t b q k") / math.sqrt(model.cfg.d_head)
-
-
-@torch.no_grad()
-def ov_copying_accuracy(model: AttnOnlyTransformer, heads: Head | list[Head]) -> float:
-    """Fraction of tokens whose largest output logit, in the summed full OV circuit
-    ``W_E (Σ_h W_V^h W_O^h) W_U`` of ``heads``, is the token itself (top-1 "copies itself")."""
-    heads = scores.as_heads(model, heads)
-    if not heads:
-        raise ValueError("pass at least one head")
-    ov = sum(model.blocks[l].W_V[h] @ model.blocks[l].W_O[h] for l, h in heads)
-    top = torch.cat([(model.W_E[i : i + 512] @ ov @ model.W_U).argmax(-1) for i in range(0, model.cfg.d_vocab, 512)])
-    return float((top == torch.arange(model.cfg.d_vocab)).float().mean())
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -90,8 +40,6 @@ def _two_layer() -> AttnOnlyTransformer:
 
 
 def _text(model: AttnOnlyTransformer, n: int = 8) -> Tensor:
-    from ..pretrained import validation_windows
-
     return validation_windows(n_ctx=model.cfg.n_ctx)[:n]
 
 
@@ -153,10 +101,10 @@ def check_prefix_matching_score(fn) -> bool:
     cases = []
     for name, layer, kind in (("attn-only-2l", 1, "shipped"), ("attn-only-1l", 0, "shipped")):
         m = shipped(name).model
-        toks = scores.repeated_tokens(m, 25, 4, batch_size=8)
+        toks = losses.repeated_tokens(m, 25, 4, batch_size=8)
         cases.append(Case(f"{name} layer {layer}, 25 tokens x 4", (_pattern(m, toks, layer), toks, 25), kind=kind))
     rnd = _two_layer()
-    toks = scores.repeated_tokens(rnd, 20, 3, batch_size=4, seed=1)
+    toks = losses.repeated_tokens(rnd, 20, 3, batch_size=4, seed=1)
     cases.append(Case("a random 2-layer model, 20 tokens x 3", (_pattern(rnd, toks, 1), toks, 20), kind="random"))
     return run_check(
         fn,
@@ -174,12 +122,6 @@ def check_prefix_matching_score(fn) -> bool:
 
 
 # ---- 6.3 find the induction heads of any model ----------------------------------------------------
-def induction_heads(model: AttnOnlyTransformer, threshold: float = 0.3) -> list[Head]:
-    """The heads whose prefix-matching score (25 random tokens x 4) is above ``threshold``."""
-    pm = scores.prefix_matching_scores(model, batch_size=8)
-    return [(int(l), int(h)) for l, h in (pm > threshold).nonzero().tolist()]
-
-
 def _compare_heads(got, expected, case) -> str | None:
     try:
         got_list = sorted((int(l), int(h)) for l, h in got)
@@ -206,16 +148,16 @@ def check_find_induction_heads(fn) -> bool:
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
 def _ablated(model, tokens, head, mode):
     if mode == "zero":
-        return scores.ablated_loss(model, tokens, head, "zero")
-    return scores.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
+        return losses.ablated_loss(model, tokens, head, "zero")
+    return losses.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
 
 
 def check_ablated_loss(fn) -> bool:
     """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
     m = shipped("attn-only-2l").model
-    toks = scores.repeated_tokens(m, 30, batch_size=2)
+    toks = losses.repeated_tokens(m, 30, batch_size=2)
     rnd = _two_layer()
-    rtoks = scores.repeated_tokens(rnd, 20, batch_size=2)
+    rtoks = losses.repeated_tokens(rnd, 20, batch_size=2)
     cases = [
         Case("attn-only-2l, head (0, 1), zero ablation", (m, toks, (0, 1), "zero")),
         Case("attn-only-2l, head (1, 2), mean ablation", (m, toks, (1, 2), "mean")),
@@ -227,7 +169,7 @@ def check_ablated_loss(fn) -> bool:
         return _ablated(m, t, h, "mean" if mode == "zero" else "zero")
 
     def increase(e, c):
-        return e - scores.per_token_loss(c.args[0], c.args[1]).mean().item()
+        return e - losses.per_token_loss(c.args[0], c.args[1]).mean().item()
 
     def swapped(e, c):
         m, t, h, mode = c.args
@@ -239,7 +181,7 @@ def check_ablated_loss(fn) -> bool:
             return None
         _, cache = m.run_with_cache(t)
         mean = cache.head_out[h[0]][:, :, h[1]].mean(0)  # [pos, d_model]: still says where it is
-        return scores.per_token_loss(m, t, ablate={h: mean}).mean().item()
+        return losses.per_token_loss(m, t, ablate={h: mean}).mean().item()
 
     return run_check(
         fn,
@@ -269,8 +211,8 @@ def check_qk_score_terms(fn) -> bool:
     sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
     cases = [
-        Case("a random 2-layer model, head 1.1", (rnd, scores.repeated_tokens(rnd, 10, batch_size=2), 1), kind="random"),
-        Case("attn-only-2l, head 1.1", (m2, scores.repeated_tokens(m2, 10, batch_size=2), 1)),
+        Case("a random 2-layer model, head 1.1", (rnd, losses.repeated_tokens(rnd, 10, batch_size=2), 1), kind="random"),
+        Case("attn-only-2l, head 1.1", (m2, losses.repeated_tokens(m2, 10, batch_size=2), 1)),
     ]
     return run_check(
         fn,

@@ -1,51 +1,26 @@
 """Checks for chapter 7, why two layers: the in-context-learning score, the loss per copy of a
 repeated sequence, smeared keys, and per-head direct logit attribution.
 
-``logit_attribution`` is the package's reference for the last one (the chapter's later cells use
-it): the logit of the next token split exactly into the direct path and one term per head.
+The reference for the last one is :func:`attncircuits.scores.logit_attribution` (the chapter's
+later cells use it): the logit of the next token split exactly into the direct path and one term
+per head.
 """
 
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 
-from .. import scores, smeared
-from ..heads import head_name
-from ..model import AttnOnlyTransformer
+from .. import losses, smeared
+from ..pretrained import validation_windows
+from ..scores import logit_attribution
 from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
 
 __all__ = [
-    "attribution_labels",
     "check_copy_losses",
     "check_icl_score",
     "check_logit_attribution",
     "check_smear_scores",
-    "logit_attribution",
 ]
-
-
-# ---- references -----------------------------------------------------------------------------------
-def attribution_labels(model: AttnOnlyTransformer) -> list[str]:
-    """The names of the terms of :func:`logit_attribution`: ``direct``, then ``L0H0``, ``L0H1``, ..."""
-    heads = [head_name(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    return ["direct"] + heads
-
-
-@torch.no_grad()
-def logit_attribution(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
-) -> Float[Tensor, "batch target term"]:
-    """Each term's share of the logit of the *next* token, at every position but the last: the
-    direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
-    With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
-    tokens = model.check_tokens(tokens)
-    _, cache = model.run_with_cache(tokens)
-    W_U = model.W_U[:, tokens[:, 1:]]  # [d_model, batch, target]: the next token's unembedding
-    parts = [model.W_E[tokens][:, :-1, None]] + [out[:, :-1] for out in cache.head_out]
-    resid = torch.cat(parts, dim=2)  # [batch, target, term, d_model]
-    return torch.einsum("btsd,dbt->bts", resid, W_U)
 
 
 def _icl(nll, late, early):
@@ -53,17 +28,15 @@ def _icl(nll, late, early):
 
 
 def _copy_means(loss, seq_len, n_repeats):
-    return scores.RepeatedLossCurve(loss, seq_len, n_repeats).copy_means()
+    return losses.RepeatedLossCurve(loss, seq_len, n_repeats).copy_means()
 
 
 # ---- 7.1 the in-context-learning score ------------------------------------------------------------
 def check_icl_score(fn) -> bool:
     """``icl_score(nll [batch, target], late, early) -> float`` (``nll[:, t]`` is the loss of token ``t + 1``)."""
     m1 = shipped("attn-only-1l").model
-    from ..pretrained import validation_windows
-
     text = validation_windows(n_ctx=m1.cfg.n_ctx)[:16]
-    nll = scores.per_token_loss(m1, text)
+    nll = losses.per_token_loss(m1, text)
     noise = torch.rand(8, 40, generator=torch.Generator().manual_seed(0)) * 5
     cases = [
         Case("attn-only-1l on 16 windows, tokens 125 vs 12", (nll, 125, 12)),
@@ -86,7 +59,7 @@ def check_copy_losses(fn) -> bool:
     """``copy_losses(loss [target], seq_len, n_repeats) -> list[float]``: the mean loss of each copy,
     its first target left out."""
     m2 = shipped("attn-only-2l").model
-    curve = scores.repeated_loss_curve(m2, 25, 4, batch_size=4)
+    curve = losses.repeated_loss_curve(m2, 25, 4, batch_size=4)
     noise = torch.rand(3 * 7, generator=torch.Generator().manual_seed(1))
     cases = [
         Case("attn-only-2l, 25 tokens x 4", (curve.loss, 25, 4)),
@@ -118,7 +91,7 @@ def check_copy_losses(fn) -> bool:
 def check_smear_scores(fn) -> bool:
     """``smear_scores(scores [batch, head, q, k], weight [head]) -> same shape``."""
     m1 = shipped("attn-only-1l").model
-    toks = scores.repeated_tokens(m1, 10, batch_size=2)
+    toks = losses.repeated_tokens(m1, 10, batch_size=2)
     real = m1.run_with_cache(toks)[1].attn_scores[0]
     rnd = random_model(n_layers=1, seed=3)
     rs = rnd.run_with_cache(random_tokens(rnd.cfg.d_vocab, (2, 12)))[1].attn_scores[0]
@@ -158,7 +131,7 @@ def check_logit_attribution(fn) -> bool:
     m2, rnd = shipped("attn-only-2l").model, random_model(n_layers=2, seed=4)
     cases = [
         Case("a random 2-layer model", (rnd, random_tokens(rnd.cfg.d_vocab, (2, 12))), kind="random"),
-        Case("attn-only-2l, random tokens repeated", (m2, scores.repeated_tokens(m2, 20, batch_size=2))),
+        Case("attn-only-2l, random tokens repeated", (m2, losses.repeated_tokens(m2, 20, batch_size=2))),
     ]
 
     def current_token(e, c):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import handbuilt, scores
+from .. import handbuilt, losses, scores
 from ..circuits import mean_attention_by_offset
 from ..handbuilt import Layout
+from ..scores import two_back_accuracy
 from ._core import Case, random_tokens, run_check
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "check_induction_qk",
     "check_previous_token_qk",
     "check_two_back_model",
-    "two_back_accuracy",
 ]
 
 PREV_TARGET = 0.95  # previous-token score a hand-built previous-token head must reach
@@ -120,13 +120,6 @@ def check_copy_ov(fn) -> bool:
 
 
 # ---- 8.3 the virtual head that looks two tokens back ----------------------------------------------
-@torch.no_grad()
-def two_back_accuracy(model, tokens: Tensor, back: int = 2) -> float:
-    """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
-    logits = model(tokens)
-    return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
-
-
 def _compare_two_back(got, expected, case) -> str | None:
     if not hasattr(got, "blocks") or not callable(got):
         return f"return the model (an AttnOnlyTransformer), got a {type(got).__name__}"
@@ -169,7 +162,7 @@ def _compare_induction(got, expected, case) -> str | None:
     except ValueError as err:
         return str(err)
     pm = float(scores.prefix_matching_scores(model, batch_size=8)[1, 0])
-    loss = scores.repeated_token_loss(model, batch_size=8)
+    loss = losses.repeated_token_loss(model, batch_size=8)
     if pm >= PREFIX_TARGET and loss.second < 0.5 * loss.first:
         return None
     q_reads, k_reads = _blocks_read(pair[0], layout), _blocks_read(pair[1], layout)

@@ -11,10 +11,10 @@ import functools
 
 import torch
 
-from .. import scores as S
+from .. import losses
 from ..circuits.factored import full_ov_circuit
-from ..circuits.skip_trigrams import eigen_copying_score
-from ..interop import induction_stripe_scores, to_transformer_lens, zero_head_hook
+from ..circuits.copying import eigen_copying_score
+from ..interop import from_transformer_lens, induction_stripe_scores, to_transformer_lens, zero_head_hook
 from ._core import Case, Diagnosis, random_model, run_check, shipped
 
 __all__ = ["check_induction_stripe_scores", "check_ov_copying_scores", "check_zero_head_hook"]
@@ -25,7 +25,7 @@ def _patterns(n_layers: int) -> tuple[torch.Tensor, int]:
     """Layer ``n_layers - 1``'s attention on repeated random tokens, and the copy length."""
     model = shipped("attn-only-2l").model if n_layers == 2 else random_model(n_layers=1, seed=3, n_ctx=33)
     seq_len = 63 if n_layers == 2 else 16
-    tokens = S.repeated_tokens(model, seq_len=seq_len, batch_size=4)
+    tokens = losses.repeated_tokens(model, seq_len=seq_len, batch_size=4)
     _, cache = model.run_with_cache(tokens)
     return cache.pattern[-1], seq_len
 
@@ -92,8 +92,6 @@ def check_zero_head_hook(fn) -> bool:
 
 
 def _ours_copying(tl_model) -> torch.Tensor:
-    from ..interop import from_transformer_lens
-
     model = from_transformer_lens(tl_model)
     scores = [eigen_copying_score(full_ov_circuit(model, l).eigenvalues()) for l in range(model.cfg.n_layers)]
     return torch.stack(scores).float()

@@ -4,7 +4,7 @@ composition scores, and one head's skip-trigrams beside its OV and QK circuits."
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 from jaxtyping import Float
@@ -269,15 +269,24 @@ def _short(text: str, n: int = 14) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+class TrigramRow(Protocol):
+    """What :func:`head_circuits_figure` reads of a skip-trigram row (``circuits.SkipTrigramRow`` has it)."""
+
+    source: str
+    dest: str
+    out: str
+    score: float
+
+
 def head_circuits_figure(
-    trigram_rows: Sequence[Sequence],
+    trigram_rows: Sequence[TrigramRow],
     ov: Float[np.ndarray, "n n"],
     qk: Float[np.ndarray, "n n"],
     token_labels: Sequence[str],
     title: str | None = None,
 ) -> Figure:
-    """One head at a glance: its top skip-trigrams as a table (rows ``(source, destination, output,
-    score)``) above its OV circuit (source → output logit) and its QK circuit (destination →
+    """One head at a glance: its top skip-trigrams as a table (each row's ``source``, ``dest``,
+    ``out`` and ``score``) above its OV circuit (source → output logit) and its QK circuit (destination →
     source score) on a token subset, side by side."""
     n = len(token_labels)
     table_h = 0.45 + 0.2 * (len(trigram_rows) + 1)
@@ -287,7 +296,8 @@ def head_circuits_figure(
     gs = fig.add_gridspec(2, 2, height_ratios=[table_h, heat_h])
     ax_t = fig.add_subplot(gs[0, :])
     ax_t.axis("off")
-    cells = [[_short(visible(c)) if isinstance(c, str) else f"{c:.2f}" for c in r] for r in trigram_rows]
+    cells = [[_short(visible(r.source)), _short(visible(r.dest)), _short(visible(r.out)), f"{r.score:.2f}"]
+             for r in trigram_rows]
     if cells:
         tab = ax_t.table(cellText=cells, colLabels=["source", "… destination", "→ output", "score"],
                          loc="upper center", cellLoc="left", colWidths=[0.26, 0.26, 0.26, 0.12])

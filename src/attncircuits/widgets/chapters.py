@@ -122,8 +122,7 @@ def head_explorer(model, tokenizer, tokens, layers=None, k: int = 10, initial=No
     qk = {layer: full_qk_circuit(model, layer).centered(-1).restrict(ids, ids).dense() for layer in layers}
 
     def draw(layer, head):
-        rows = [(s, d, o, sc) for s, d, o, _, _, sc in tables[layer].rows(tokenizer, head)]
-        return head_circuits_figure(rows, ov[layer][head], qk[layer][head], labels,
+        return head_circuits_figure(tables[layer].rows(tokenizer, head), ov[layer][head], qk[layer][head], labels,
                                     title=f"head {head_name(layer, head)}")
 
     controls = {"layer": layers, "head": range(model.cfg.n_heads)}
