@@ -1,6 +1,7 @@
 """Chapter 10's measures (attncircuits.deeper) on tiny TransformerLens models with LayerNorm and
 MLPs, each against an independent computation; loading such a model refuses bad input."""
 
+import dataclasses
 import importlib.metadata
 
 import pytest
@@ -91,7 +92,9 @@ def test_frozen_ln_sums_to_the_layer_norm_and_matches_transformer_lens(model, to
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
-def test_logit_shares_sum_to_the_correct_tokens_logit(model, tokens):
+@pytest.mark.parametrize("positions", ["standard", "shortformer"])
+def test_logit_shares_sum_to_the_correct_tokens_logit(positions, tokens):
+    model = tiny(cfg=dataclasses.replace(SMALL, positional_embedding_type=positions))
     shares = D.logit_shares(model, tokens)
     with torch.no_grad():
         logits = model(tokens)[:, :-1]
@@ -100,8 +103,8 @@ def test_logit_shares_sum_to_the_correct_tokens_logit(model, tokens):
     assert abs(shares.logit - real) < 1e-3 * max(1.0, abs(real))
     assert abs(float(shares.contributions.sum()) - shares.logit) < 1e-4
     n_heads = SMALL.n_layers * SMALL.n_heads
-    assert len(shares.labels) == 2 + n_heads + SMALL.n_layers + 2
-    total = shares.heads() + shares.group("mlp") + sum(shares.share(l) for l in ("embed", "pos", "bias", "b_U"))
+    assert len(shares.labels) == (positions == "standard") + 1 + n_heads + SMALL.n_layers + 2
+    total = shares.direct() + shares.heads() + shares.group("mlp") + shares.share("bias") + shares.share("b_U")
     assert abs(total - 1) < 1e-4
 
 
@@ -208,3 +211,63 @@ def test_a_corrupted_weights_file_gives_the_manifest_error(saved):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="model.safetensors.*(hash|SHA|manifest|sha256)"):
         load_checkpoint(saved)
+
+
+def _fold_no_centre(w, b_ln, W, b):
+    return w[:, None] * W, b + torch.einsum("d,...de->...e", b_ln, W)
+
+
+def _fold_scaled_bias(w, b_ln, W, b):
+    W_f = w[:, None] * W
+    return W_f - W_f.mean(-2, keepdim=True), b + torch.einsum("d,...de->...e", b_ln * w, W)
+
+
+def _ln_own_scale(comps, resid):
+    c = comps - comps.mean(-1, keepdim=True)
+    return c / (c.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+
+
+def _ln_unbiased(comps, resid):
+    return (comps - comps.mean(-1, keepdim=True)) / (resid.var(-1, keepdim=True) + 1e-5).sqrt()
+
+
+def _bump_one_step(values):
+    v = [x for x in values if x is not None]
+    return max([0.0] + [b - a for a, b in zip(v, v[1:])])
+
+
+def _bump_first(values):
+    v = [x for x in values if x is not None]
+    for j in range(1, len(v)):
+        if v[j] > min(v[:j]):
+            top = j
+            while top + 1 < len(v) and v[top + 1] >= v[top]:
+                top += 1
+            return v[top] - min(v[:j])
+    return 0.0
+
+
+@pytest.mark.parametrize(
+    "check, fn, message",
+    [
+        ("check_fold_ln_into", D.fold_ln_into, "correct on 2 cases"),
+        ("check_fold_ln_into", _fold_no_centre, "not centred"),
+        ("check_fold_ln_into", _fold_scaled_bias, "b_ln @ W, not (w_ln * b_ln) @ W"),
+        ("check_fold_ln_into", lambda w, b_ln, W, b: D.fold_ln_into(w, b_ln, W, b)[0], "tuple"),
+        ("check_frozen_ln", D.frozen_ln, "correct on 2 cases"),
+        ("check_frozen_ln", _ln_own_scale, "its own scale"),
+        ("check_frozen_ln", _ln_unbiased, "unbiased variance"),
+        ("check_frozen_ln", lambda c, r: c - c.mean(-1, keepdim=True), "not divided"),
+        ("check_loss_bump", D.loss_bump, "correct on 5 cases"),
+        ("check_loss_bump", _bump_one_step, "consecutive"),
+        ("check_loss_bump", lambda v: max(x for x in v if x is not None) - min(x for x in v if x is not None), "ignores order"),
+        ("check_loss_bump", _bump_first, "first bump only"),
+        ("check_loss_bump", lambda v: max(v) - min(v), "TypeError"),
+    ],
+)
+def test_chapter_10s_checks_name_the_mistake(check, fn, message, capsys):
+    from attncircuits.exercises import ch10
+
+    ok = getattr(ch10, check)(fn)
+    out = capsys.readouterr().out
+    assert ok == message.startswith("correct") and message in out.replace("\n", " "), out

@@ -23,6 +23,7 @@ from .heads import head_name
 from .hooked import require_transformer_lens
 from .interop import wrap_tokenizer
 from .losses import repeated_tokens
+from .model import loss_fn
 from .scores import HeadScores, copying_score_of_logits, prefix_matching_scores, previous_token_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -158,6 +159,11 @@ class LogitShares:
         """Summed share of the components whose label starts with ``prefix`` (``"mlp"``)."""
         return float(sum(c for l, c in zip(self.labels, self.contributions) if l.startswith(prefix)) / self.logit)
 
+    def direct(self) -> float:
+        """Share of the direct path: the token (and, where they are in the residual stream, the
+        position) embeddings read straight by the unembedding."""
+        return float(sum(c for l, c in zip(self.labels, self.contributions) if l in ("embed", "pos")) / self.logit)
+
     def heads(self) -> float:
         """Summed share of every head (labels ``"layer.head"``)."""
         return float(sum(c for l, c in zip(self.labels, self.contributions) if l[:1].isdigit()) / self.logit)
@@ -194,8 +200,12 @@ def _components(fm, tokens: torch.Tensor):
     mlps = torch.stack([cache["mlp_out", l] for l in range(n)]) if not fm.cfg.attn_only else heads[:0]
     # each MLP's output includes its b_out; the heads' results leave out b_O (with b_V folded in)
     bias = sum(fm.blocks[l].attn.b_O for l in range(n)).expand_as(cache["embed"])
-    stack = torch.cat([cache["embed"][None], cache["pos_embed"][None], heads, mlps, bias[None]])
-    labels = ["embed", "pos"] + [head_name(*map(int, re.findall(r"\d+", lab))) for lab in head_labels]
+    # positions reach the residual stream only in "standard" models ("shortformer": queries and keys)
+    direct = [("embed", cache["embed"])]
+    if fm.cfg.positional_embedding_type == "standard":
+        direct.append(("pos", cache["pos_embed"]))
+    stack = torch.cat([torch.stack([d for _, d in direct]), heads, mlps, bias[None]])
+    labels = [name for name, _ in direct] + [head_name(*map(int, re.findall(r"\d+", lab))) for lab in head_labels]
     labels += [f"mlp {l}" for l in range(len(mlps))] + ["bias"]
     eps = fm.ln_final.eps if hasattr(fm.ln_final, "eps") else fm.cfg.eps
     return frozen_ln(stack, cache["resid_post", n - 1], eps), labels
@@ -235,13 +245,11 @@ def attention_only_gap(model, tokens: torch.Tensor) -> ExpansionGap:
     """Chapters 3 and 5's path expansion, applied to a model with MLPs: the frozen-scale sum of the
     embeddings, every head and the biases (:func:`logit_shares`' terms without the MLPs), against
     the real logits. Heads still read what earlier MLPs wrote; only the MLPs' direct paths go."""
-    from .model import loss_fn
-
     fm = folded(model)
     tokens = validate.tokens(fm, tokens, 2, "a next-token loss (a token to predict)")
     scaled, labels = _components(fm, tokens)
     keep = torch.tensor([not lab.startswith("mlp") for lab in labels])
-    direct = torch.tensor([lab in ("embed", "pos", "bias") for lab in labels])
+    direct = torch.tensor([lab in ("embed", "pos", "bias") for lab in labels])  # and the biases
     real = fm(tokens)
     logits = {name: scaled[mask].sum(0) @ fm.W_U + fm.b_U for name, mask in
               (("all", torch.ones_like(keep)), ("attn", keep), ("direct", direct))}
