@@ -271,3 +271,12 @@ def test_chapter_10s_checks_name_the_mistake(check, fn, message, capsys):
     ok = getattr(ch10, check)(fn)
     out = capsys.readouterr().out
     assert ok == message.startswith("correct") and message in out.replace("\n", " "), out
+
+
+def test_histories_side_by_side_refuses_mismatched_runs():
+    from attncircuits.plotting import histories_side_by_side
+
+    with pytest.raises(ValueError, match="same rows"):
+        histories_side_by_side({"a": ([0, 1], {"loss": [1, 2]}), "b": ([0, 1], {"ICL": [1, 2]})})
+    with pytest.raises(ValueError, match="2 values but x has 3"):
+        histories_side_by_side({"a": ([0, 1, 2], {"loss": [1, 2]})})
