@@ -37,14 +37,18 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # That cache knows a notebook's code, not the package it imports: when anything under src/ or a
 # pin changes (the hash in $(SRC_STAMP)), the cache goes and every page is rebuilt, so the book
 # never shows what older code printed.
+# PUBLISH=1 builds for publication: the build stops unless repository.url in _config.yml names the
+# published repository (not the placeholder) and every notebook names that same one
+# (book/_ext/learner_notebooks.py). A local build keeps the placeholder and says so in one line.
 SRC_STAMP = _build/.src-sha256
+PUBLISH ?=
 book: venv book-assets
 	@h=$$(find src -type f -not -path '*/__pycache__/*' -print0 | sort -z \
 	  | xargs -0 cat requirements.txt pyproject.toml | sha256sum | cut -c1-16); \
 	all=; if [ "$$(cat $(SRC_STAMP) 2>/dev/null)" != "$$h" ]; then \
 	  echo "make book: the package changed since the last build; executing every notebook"; \
 	  rm -rf _build/.jupyter_cache; all=--all; fi; \
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going $$all && echo $$h > $(SRC_STAMP)
+	COURSE_PUBLISH=$(PUBLISH) $(VENV)/bin/jupyter-book build . -W -n --keep-going $$all && echo $$h > $(SRC_STAMP)
 
 book-assets: $(ASSETS_STAMP)
 
@@ -73,12 +77,18 @@ $(ASSETS_STAMP): | venv
 # features off, into screenshots/ (git-ignored). Each page is measured (its height once loaded),
 # shot whole in a SHOT_WIDTH-wide window that tall, and cut into tiles of SHOT_TILE px:
 # screenshots/<page>-01.png, -02.png, ... Installs Debian's chromium if needed.
-# `make screenshots SHOT_PAGES=book/intro` shoots one page.
+# `make screenshots SHOT_PAGES=book/intro` shoots one page; SHOT_THEME=dark the theme's dark mode
+# (light by default, whatever the machine prefers), saved as <page>-dark-01.png, ...; SHOT_WIDTH=390
+# a phone's width (<page>-390-01.png, ...).
 SHOT_PAGES ?= book/intro book/setup book/notation $(basename $(sort $(wildcard notebooks/*.ipynb))) book/reproduces book/references
 SHOT_WIDTH ?= 1300
 SHOT_TILE ?= 2400
+SHOT_THEME ?= light
+SHOT_SUFFIX = $(if $(filter dark,$(SHOT_THEME)),-dark)$(if $(filter 1300,$(SHOT_WIDTH)),,-$(SHOT_WIDTH))
 CHROMIUM_FLAGS = --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \
   --disable-sync --no-first-run --disable-quic '--host-resolver-rules=MAP * ~NOTFOUND' --hide-scrollbars
+# pydata-sphinx-theme reads the mode from localStorage in its first script: set it before that runs.
+THEME_JS = <script>localStorage.setItem("mode","$(SHOT_THEME)");localStorage.setItem("theme","$(SHOT_THEME)");document.documentElement.dataset.mode="$(SHOT_THEME)";document.documentElement.dataset.theme="$(SHOT_THEME)"</script>
 PAGE_HEIGHT_JS = <script>window.addEventListener("load",()=>{document.body.dataset.h=document.documentElement.scrollHeight})</script>
 TILE_PNG = import sys; from PIL import Image; src, tile = sys.argv[1], int(sys.argv[2]); im = Image.open(src); \
   [im.crop((0, y, im.width, min(y + tile, im.height))).save(src.replace(".full.png", "-%02d.png" % (y // tile + 1))) \
@@ -90,15 +100,16 @@ screenshots: venv
 	@for page in $(SHOT_PAGES); do \
 	  f=_build/html/$$page.html; \
 	  [ -f $$f ] || { echo "no page $$page in _build/html" >&2; exit 1; }; \
-	  out=screenshots/$$(echo $$page | tr / _); rm -f $$out.full.png $$out-*.png; \
-	  cp $$f $$f.height.html && echo '$(PAGE_HEIGHT_JS)' >> $$f.height.html; \
+	  out=screenshots/$$(echo $$page | tr / _)$(SHOT_SUFFIX); rm -f $$out.full.png $$out-[0-9]*.png; \
+	  sed 's|<head>|<head>$(THEME_JS)|' $$f > $$f.shot.html; \
+	  cp $$f.shot.html $$f.height.html && echo '$(PAGE_HEIGHT_JS)' >> $$f.height.html; \
 	  profile=$$(mktemp -d); h=$$(timeout 120 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \
 	    --window-size=$(SHOT_WIDTH),$(SHOT_TILE) --dump-dom file://$(CURDIR)/$$f.height.html 2>/dev/null \
 	    | grep -o 'data-h="[0-9]*"' | tr -dc 0-9); rm -rf $$profile $$f.height.html; \
 	  [ -n "$$h" ] || { echo "chromium could not measure $$f" >&2; exit 1; }; \
 	  profile=$$(mktemp -d); timeout 600 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \
 	    --window-size=$(SHOT_WIDTH),$$h --virtual-time-budget=10000 \
-	    --screenshot=$$out.full.png file://$(CURDIR)/$$f 2>/dev/null; rc=$$?; rm -rf $$profile; \
+	    --screenshot=$$out.full.png file://$(CURDIR)/$$f.shot.html 2>/dev/null; rc=$$?; rm -rf $$profile $$f.shot.html; \
 	  [ $$rc -eq 0 ] && [ -s $$out.full.png ] || { echo "chromium failed on $$f" >&2; exit 1; }; \
 	  $(PY) -c '$(TILE_PNG)' $$out.full.png $(SHOT_TILE) && rm $$out.full.png || exit 1; \
 	done

@@ -2,7 +2,9 @@
 
     python benchmarks/fuzz_report.py [--examples 60] [--seed 0] [--show deep,silent,refused]
 
-Every public function that takes token ids, heads, layers, token strings or sizes is called
+Every public function that takes token ids (meta-device tensors, ragged lists and single numbers
+among them), heads, layers, token strings, sizes, ablation values, attention patterns, config
+fields, checkpoint paths, devices or models to convert is called
 ``--examples`` times with values drawn (by hypothesis, from ``--seed``) from pools of valid and
 invalid values of each kind (``tests/fuzz_harness.py``). Each call is one of: ``clear`` (invalid input
 refused with a message naming it), ``correct`` (valid input, finite result of the right shape),

@@ -1,5 +1,8 @@
-"""A fuzz of the public analysis API: every function that takes token ids, heads, layers, token
-strings or sizes, called with valid and invalid values of each, and every call classified.
+"""A fuzz of the public API: every function that takes token ids, heads, layers, token strings or
+sizes, and the arguments a user types beside them (ablation values and attention patterns, the
+positions a loss averages, config fields, checkpoint paths, devices, models to convert), called
+with valid and invalid values of each, and every call classified. Token ids come also as values
+that hold none: meta-device tensors, ragged lists, single numbers.
 
 Each argument is drawn from a pool of values of its kind, every value marked valid or invalid for
 that kind (``Val``); a call is valid when all its values are and the model meets the function's
@@ -40,7 +43,9 @@ from hypothesis import strategies as st
 
 import attncircuits
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data, validate
-from attncircuits import losses
+from attncircuits import interop, losses
+from attncircuits.pretrained import load_checkpoint, load_pretrained
+from attncircuits.widgets.chapters import snapshot_steps_control
 from attncircuits import scores as S
 from attncircuits import pretrained
 from attncircuits.circuits import (
@@ -199,8 +204,20 @@ def token_rows(
         Val(None, False, f"{name}=None", w),
         Val("hello", False, f"{name}='hello'", w),
         Val([1, 2.5, 3], False, f"{name}=[1, 2.5, 3]", w),
+        *no_values(name, ndim=2),
+        Val(4, False, f"{name}=4", w), Val(np.array(4), False, f"{name}=np.array(4)", w),
+        Val(torch.tensor(4), False, f"{name}=tensor(4)", w),
     ]
     return out
+
+
+def no_values(name: str, ndim: int = 1) -> list[Val]:
+    """Inputs that look like ids but hold none: a meta-device tensor (a shape without values) and a
+    ragged list (rows of different lengths, no array)."""
+    w = ("token", name)
+    shape = (2, 3) if ndim == 2 else (3,)
+    return [Val(torch.ones(shape, dtype=torch.long, device="meta"), False, f"{name}=meta{list(shape)}", w),
+            Val([[1, 2], [3]], False, f"{name}=ragged [[1, 2], [3]]", w)]
 
 
 def token_stream(
@@ -223,6 +240,7 @@ def token_stream(
         Val([], empty_ok, f"{name}=[]", () if empty_ok else w),
         Val(torch.ones(2, 2, dtype=torch.long), False, f"{name}=[2, 2]", w),
         Val(np.array([1, 2], dtype=np.float32), False, f"{name}=float32[2]", w),
+        *no_values(name),
     ]
     return out
 
@@ -576,7 +594,147 @@ def targets() -> list[Target]:
                 "layers": [Val([0, 1], True, "layers=[0, 1]"), Val(None, True, "layers=None"), Val([2], False, "layers=[2]", ("layer",)),
                            Val([0.5], False, "layers=[0.5]", ("layer",)), Val([-1], False, "layers=[-1]", ("layer",)),
                            Val(["0"], False, "layers=['0']", ("layer",))]}, examples=4, check=lambda r: r >= 2))
+    add(Target("widgets.snapshot_steps_control", lambda steps: snapshot_steps_control(steps), {"steps": snapshot_steps()},
+               check=lambda r: isinstance(r, (range, list)) and len(r) >= 1))
+
+    # -- edits of a forward pass, the positions a loss averages, the phase change
+    tokens24 = torch.ones(2, 4, dtype=torch.long)
+    add(Target("model.forward(ablate=value)", lambda value: m2(tokens24, ablate={(0, 1): value}), {"value": ablate_values()},
+               check=shape(2, 4, D_VOCAB)))
+    add(Target("model.forward(patterns=)", lambda pattern: m2(tokens24, patterns={(1, 0): pattern}), {"pattern": pattern_values()},
+               check=shape(2, 4, D_VOCAB)))
+    add(Target("losses.ablation_effects(targets=)",
+               lambda targets: losses.ablation_effects(m2, torch.ones(2, 6, dtype=torch.long), "zero", targets, [(0, 1)]),
+               {"targets": target_positions(5)}, check=lambda r: bool(torch.isfinite(r[0, 1])), finite=False))
+    add(Target("scores.phase_change_step", lambda layer, frac: S.phase_change_step(_history(), layer=layer, frac=frac),
+               {"layer": ints("layer", 0, 1, extra_invalid=(5, -1)), "frac": fractions()}, check=lambda r: isinstance(r, int)))
+
+    # -- configs, checkpoints, TransformerLens: the arguments a user types
+    add(Target("model.AttnOnlyConfig", lambda d_model, n_ctx, init_std_embed: AttnOnlyConfig(d_model=d_model, n_ctx=n_ctx, init_std_embed=init_std_embed),
+               {"d_model": sizes("d_model", 1), "n_ctx": sizes("n_ctx", 1), "init_std_embed": std_values()},
+               check=lambda r: isinstance(r.d_model, int) and isinstance(r.init_std_embed, float)))
+    add(Target("pretrained.load_pretrained", lambda name, device: load_pretrained(name, device),
+               {"name": [Val("attn-only-0l", True, "name='attn-only-0l'"), Val("gpt2", False, "name='gpt2'", ("model",)),
+                         Val(4, False, "name=4", ("model",)), Val(None, False, "name=None", ("model",))],
+                "device": devices()}, examples=4, check=lambda r: r.model.cfg.n_layers == 0))
+    add(Target("pretrained.load_checkpoint", lambda directory, device: load_checkpoint(directory, device),
+               {"directory": [Val(checkpoint().directory, True, "directory=Path"), Val(str(checkpoint().directory), True, "directory=str"),
+                              Val(4, False, "directory=4", ("directory",)), Val(None, False, "directory=None", ("directory",)),
+                              Val("x" * 300, False, "directory='x' * 300", ("directory",)),
+                              Val("/nonexistent/ck", False, "directory=missing", ("directory",))],
+                "device": devices()}, examples=6, check=lambda r: r.model.cfg.n_layers == 2))
+    add(Target("data.load_corpus", lambda paths: data.load_corpus(paths), {"paths": corpus_paths()}, examples=6,
+               check=lambda r: len(r.train) >= 1))
+    add(Target("data.load_tokenizer", lambda path: data.load_tokenizer(path),
+               {"path": [Val(_tokenizer_path(), True, "path=Path"), Val(str(_tokenizer_path()), True, "path=str"),
+                         Val(4, False, "path=4", ("tokenizer",)), Val(None, False, "path=None", ("tokenizer",)),
+                         Val("x" * 300, False, "path='x' * 300", ("tokenizer",)),
+                         Val("/nonexistent/tokenizer.json", False, "path=missing", ("tokenizer",))]},
+               examples=4, check=lambda r: r.get_vocab_size() == 2048))
+    add(Target("interop.to_transformer_lens", lambda model: interop.to_transformer_lens(model),
+               {"model": [Val(model(1), True, "model=ours"), Val(None, False, "model=None", ("model",)),
+                          Val(_tl_model(), False, "model=HookedTransformer", ("model",)), Val(4, False, "model=4", ("model",))]},
+               examples=4, check=lambda r: r.cfg.n_layers == 1))
+    add(Target("interop.from_transformer_lens", lambda tl_model: interop.from_transformer_lens(tl_model),
+               {"tl_model": [Val(_tl_model(), True, "tl_model=HookedTransformer"), Val(None, False, "tl_model=None", ("tl_model",)),
+                             Val(model(2), False, "tl_model=ours", ("tl_model",)), Val("gpt2", False, "tl_model='gpt2'", ("tl_model",))]},
+               examples=4, check=lambda r: r.cfg.n_layers == 1))
     return T
+
+
+# pools of the arguments above
+def snapshot_steps() -> list[Val]:
+    w = ("step", "snapshot")
+    return [Val([0, 10, 20], True, "steps=[0, 10, 20]"), Val([0, 5, 20], True, "steps=[0, 5, 20]"),
+            Val((np.int64(3),), True, "steps=(np.int64(3),)"), Val([], False, "steps=[]", w), Val(["a"], False, "steps=['a']", w),
+            Val([1.5], False, "steps=[1.5]", w), Val([-1], False, "steps=[-1]", w), Val(None, False, "steps=None", w),
+            Val("abc", False, "steps='abc'", w)]
+
+
+def ablate_values() -> list[Val]:
+    w = ("ablate",)
+    return [Val(0.0, True, "value=0.0"), Val(1, True, "value=1"), Val(np.float32(0.5), True, "value=np.float32(0.5)"),
+            Val(torch.zeros(2, 4, 32), True, "value=zeros[2, 4, d_model]"), Val(torch.zeros(32), True, "value=zeros[d_model]"),
+            Val(lambda out: 0 * out, True, "value=lambda out: 0 * out"), Val(float("nan"), False, "value=nan", w),
+            Val("0", False, "value='0'", w), Val(None, False, "value=None", w), Val(torch.zeros(5), False, "value=zeros[5]", w),
+            Val(True, False, "value=True", w), Val(torch.zeros(2, 4, 32, device="meta"), False, "value=meta", w)]
+
+
+def pattern_values() -> list[Val]:
+    w = ("pattern",)
+    causal = torch.tril(torch.ones(4, 4))
+    return [Val(torch.eye(4), True, "pattern=eye(4)"), Val(torch.eye(N_CTX), True, "pattern=eye(n_ctx)"),
+            Val(causal / causal.sum(-1, keepdim=True), True, "pattern=uniform causal[4, 4]"),
+            Val(torch.eye(4).expand(2, 4, 4), True, "pattern=eye[2, 4, 4]"),
+            Val(-torch.ones(20, 20), False, "pattern=-ones(20, 20)", w), Val(torch.ones(4, 4), False, "pattern=ones(4, 4)", w),
+            Val(torch.eye(3), False, "pattern=eye(3)", w), Val(torch.full((4, 4), float("nan")), False, "pattern=nan", w),
+            Val("x", False, "pattern='x'", w), Val(None, False, "pattern=None", w),
+            Val(torch.eye(4).bool(), False, "pattern=bool eye(4)", w), Val(torch.eye(4).expand(3, 4, 4), False, "pattern=eye[3, 4, 4]", w),
+            Val(torch.eye(4, device="meta"), False, "pattern=meta", w)]
+
+
+def target_positions(n: int) -> list[Val]:
+    w = ("target",)
+    return [Val(None, True, "targets=None"), Val([0], True, "targets=[0]"), Val((1, n - 1), True, f"targets=(1, {n - 1})"),
+            Val(slice(1, None), True, "targets=slice(1, None)"), Val(range(2), True, "targets=range(2)"),
+            Val(np.array([2]), True, "targets=np.array([2])"), Val([500], False, "targets=[500]", w),
+            Val([-1], False, "targets=[-1]", w), Val([0.5], False, "targets=[0.5]", w), Val([], False, "targets=[]", w),
+            Val("0", False, "targets='0'", w), Val(3, False, "targets=3", w), Val(slice(10, 20), False, "targets=slice(10, 20)", w)]
+
+
+def fractions() -> list[Val]:
+    w = ("frac",)
+    return [Val(0.5, True, "frac=0.5"), Val(0.25, True, "frac=0.25"), Val(np.float64(0.5), True, "frac=np.float64(0.5)"),
+            Val(0, False, "frac=0", w), Val(1.0, False, "frac=1.0", w), Val(float("nan"), False, "frac=nan", w),
+            Val("0.5", False, "frac='0.5'", w), Val(None, False, "frac=None", w)]
+
+
+def std_values() -> list[Val]:
+    w = ("init_std_embed",)
+    return [Val(1.0, True, "init_std_embed=1.0"), Val(0.02, True, "init_std_embed=0.02"), Val(1, True, "init_std_embed=1"),
+            Val(float("nan"), False, "init_std_embed=nan", w), Val(0.0, False, "init_std_embed=0.0", w),
+            Val(-1.0, False, "init_std_embed=-1.0", w), Val("1", False, "init_std_embed='1'", w),
+            Val(None, False, "init_std_embed=None", w), Val(float("inf"), False, "init_std_embed=inf", w)]
+
+
+def devices() -> list[Val]:
+    w = ("device",)
+    return [Val("cpu", True, "device='cpu'"), Val(torch.device("cpu"), True, "device=torch.device('cpu')"),
+            Val("bogus", False, "device='bogus'", w), Val("cuda:7", False, "device='cuda:7'", w), Val(5.5, False, "device=5.5", w),
+            Val(None, False, "device=None", w)]
+
+
+@cache
+def _history() -> dict:
+    """A two-layer history whose best head's score rises in both layers."""
+    rise = [0.0, 0.1, 0.2, 0.6, 0.9, 0.95]
+    return {"step": [0, 10, 20, 30, 40, 50], "prefix_matching": [[[r, r / 2], [r, 0.1]] for r in rise]}
+
+
+def corpus_paths() -> list[Val]:
+    w = ("corpus",)
+    return [Val(_text_file(), True, "paths=Path"), Val(str(_text_file()), True, "paths=str"), Val([_text_file()], True, "paths=[Path]"),
+            Val(4, False, "paths=4", w), Val([4], False, "paths=[4]", w), Val(b"a.txt", False, "paths=b'a.txt'", w),
+            Val("x" * 300, False, "paths='x' * 300", w), Val("/nonexistent.txt", False, "paths=missing", w),
+            Val([], False, "paths=[]", w)]
+
+
+@cache
+def _text_file() -> Path:
+    p = Path(tempfile.mkdtemp(prefix="fuzz-text-")) / "a.txt"
+    p.write_text("def f(x):\n    return x\n" * 20)
+    return p
+
+
+def _tokenizer_path() -> Path:
+    from attncircuits.pretrained import CORPUS_DIR
+
+    return CORPUS_DIR / "tokenizer.json"
+
+
+@cache
+def _tl_model():
+    return interop.to_transformer_lens(model(1))
 
 
 # small helpers used by the targets

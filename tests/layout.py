@@ -25,19 +25,19 @@ MAX_LINES = 400
 #: A name ending in ``/`` stands for every module of that folder not listed by name (a new chapter's
 #: checks, ``exercises/ch10``, finds its place without an edit here); those may not import each other.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("ground floor: head names, checks of inputs", ["heads", "validate"]),
+    ("ground floor: head names, checks of inputs, durable file writes", ["heads", "validate", "durable"]),
     ("the models: attention-only, and chapter 10's TransformerLens model", ["model", "hooked"]),
     ("text: corpus, tokenizer, batches", ["data"]),
     ("figures: draw, compute nothing (plotting/)",
      ["plotting/base", "plotting/html", "plotting/bars", "plotting/curves", "plotting/heatmaps", "plotting/scatter",
       "plotting/__init__"]),
-    ("shipped checkpoints", ["pretrained"]),
+    ("shipped checkpoints", ["manifest", "pretrained"]),
     ("weights (circuits/)",
      ["circuits/factored_matrix", "circuits/factored", "circuits/bigrams", "circuits/paths", "circuits/skip_trigrams",
       "circuits/copying", "circuits/composition", "circuits/two_layer_paths", "circuits/induction", "circuits/__init__"]),
     ("losses and ablations", ["losses"]),
     ("attention patterns and scores", ["scores"]),
-    ("training and its command line", ["train/__init__", "train_cli", "train/__main__"]),
+    ("training and its command line", ["train/presets", "train/__init__", "run_folder", "train_cli", "train/__main__"]),
     ("models built or changed by hand", ["smeared", "handbuilt", "live"]),
     ("TransformerLens", ["interop", "deeper"]),
     ("explorers (widgets/)", ["widgets/static", "widgets/explorer", "widgets/chapters", "widgets/__init__"]),

@@ -109,6 +109,14 @@ def _smoke_notebook() -> nbformat.NotebookNode:
         ),
         nbformat.v4.new_code_cell("import ipywidgets as widgets\nwidgets.IntSlider(value=3, max=7, description='head')"),
         nbformat.v4.new_code_cell("assert 1 + 1 == 2", metadata={"tags": ["remove-input"]}),
+        # the package's HTML tables, as the chapters display them (chapters 2 and 4)
+        nbformat.v4.new_code_cell(
+            "from IPython.display import display\n"
+            "from attncircuits import plotting\n"
+            "display(plotting.next_token_table_html(['·self', 'def'], {'weights': [[('.', 0.5)], [('·f', 0.2)]]}))\n"
+            "display(plotting.skip_trigram_table_html([('0.1', '·self', '.', '_', 1.5)], "
+            "['head', 'source', 'destination', 'output', 'score']))"
+        ),
     ]
     return nb
 
@@ -256,6 +264,153 @@ def test_chapter_pages_have_a_colab_launch_button(smoke_site):
     links = _parse(html_dir / "smoke" / "smoke.html").links
     expected = f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/smoke/smoke.ipynb"
     assert expected in links, f"no Colab link {expected} among {[u for u in links if 'colab' in u]}"
+
+
+_TABLE = re.compile(r"<table\b.*?</table>", re.DOTALL | re.IGNORECASE)
+_STYLE = re.compile(r"""\bstyle\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
+
+
+def table_colour_problems(page_html: str) -> list[str]:
+    """What in a page's HTML tables would not follow the theme's light and dark modes.
+
+    The theme swaps text and background colours between its modes. An inline style inside a table
+    that sets a text colour but no background (or a background but no text colour) pairs a fixed
+    colour with one the theme changes: pale pink token chips on light grey, dark text on a dark
+    heading. A table in a cell output must also carry the ``dataframe`` class, which the theme
+    styles in both modes (without it, dark mode puts the table on a light box of its own)."""
+    problems = []
+    for table in _TABLE.findall(page_html):
+        opening = table[: table.index(">") + 1]
+        classes = re.search(r"""class\s*=\s*["']([^"']*)""", opening)
+        if "dataframe" not in (classes.group(1).split() if classes else []):
+            problems.append(f"table without the theme's 'dataframe' class: {opening}")
+        for m in _STYLE.finditer(table):
+            style = (m.group(1) or m.group(2) or "").lower()
+            props = {d.split(":", 1)[0].strip() for d in style.split(";") if ":" in d}
+            text = "color" in props
+            background = bool(props & {"background", "background-color"})
+            if text != background:
+                problems.append(f"sets {'a text colour' if text else 'a background'} alone: style=\"{style}\"")
+    return problems
+
+
+def test_the_table_colour_rule_catches_a_colour_without_its_pair():
+    chip = '<table class="dataframe"><tr><td><code style="background:#eef1f5;padding:0 3px">·self</code></td></tr></table>'
+    heading = '<table class="dataframe"><thead><tr><th style="color:#222">result</th></tr></thead></table>'
+    plain = "<table><tr><td>1</td></tr></table>"
+    paired = '<table class="dataframe"><tr><td style="color:var(--x,#222);background:var(--y,#fff)">a</td></tr></table>'
+    assert len(table_colour_problems(chip)) == 1 and "background alone" in table_colour_problems(chip)[0]
+    assert len(table_colour_problems(heading)) == 1 and "text colour alone" in table_colour_problems(heading)[0]
+    assert table_colour_problems(plain) == ["table without the theme's 'dataframe' class: <table>"]
+    assert table_colour_problems(paired) == []
+
+
+def test_html_tables_follow_the_themes_colours(smoke_site):
+    """Every HTML table of every built page (the smoke chapter displays the package's tables)."""
+    html_dir, _ = smoke_site
+    smoke = (html_dir / "smoke" / "smoke.html").read_text(encoding="utf-8")
+    assert len(_TABLE.findall(smoke)) >= 2, "the smoke chapter's tables are not in its page"
+    problems = {
+        str(p.relative_to(html_dir)): table_colour_problems(p.read_text(encoding="utf-8"))
+        for p in _pages(html_dir)
+        if "cell_output" in p.read_text(encoding="utf-8")
+    }
+    assert not {k: v for k, v in problems.items() if v}, problems
+
+
+def test_the_stylesheet_sets_text_and_background_colours_together():
+    """A rule of book/_static/custom.css that sets one of the two leaves the other to the theme, which
+    changes it between light and dark mode (the reproduces page's dark-on-dark headings)."""
+    css = re.sub(r"/\*.*?\*/", "", (REPO / "book" / "_static" / "custom.css").read_text(), flags=re.DOTALL)
+    lonely = []
+    for selector, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        props = {d.split(":", 1)[0].strip() for d in body.split(";") if ":" in d}
+        if ("color" in props) != bool(props & {"background", "background-color"}):
+            lonely.append(selector.strip())
+    assert not lonely, f"rules that set a text colour or a background alone: {lonely}"
+
+
+def test_chapter_pages_offer_their_learner_notebook(smoke_site):
+    """Beside "Open the exercises in Colab", each chapter page links its learner notebook, served by
+    the site itself, and the Colab link names the configured repository."""
+    html_dir, _ = smoke_site
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    org_repo = urlsplit(config["repository"]["url"].rstrip("/")).path.strip("/")
+    learner = sorted((REPO / "notebooks" / "exercises").glob("*.ipynb"))
+    assert len(learner) >= 9
+    for nb in learner:
+        page = html_dir / "notebooks" / f"{nb.stem}.html"
+        text = page.read_text(encoding="utf-8")
+        downloads = re.findall(r'<a class="reference download internal" download="" href="([^"]+)"', text)
+        mine = [u for u in downloads if unquote(u).endswith(f"/{nb.name}")]
+        assert mine, f"{page.name} has no download link to its learner notebook {nb.name}: {downloads}"
+        target = _local_target(page, mine[0])
+        assert target is not None and target.read_bytes() == nb.read_bytes(), f"{mine[0]} is not {nb}"
+        colab = f"https://colab.research.google.com/github/{org_repo}/blob/{config['repository']['branch']}/notebooks/exercises/{nb.name}"
+        assert colab in _parse(page).links, f"{page.name}: no Colab link {colab}"
+
+
+def test_figures_open_at_full_size(smoke_site):
+    """A figure scaled to the column (a phone's 358 px) links to its own image file."""
+    html_dir, _ = smoke_site
+    page = html_dir / "smoke" / "smoke.html"
+    links = re.findall(r'<a class="[^"]*figure-full-size[^"]*" href="([^"]+)"[^>]*>\s*<img', page.read_text())
+    assert links, "the smoke chapter's figure is not a link to its image"
+    assert all((t := _local_target(page, u)) is not None and t.is_file() for u in links), links
+
+
+def test_solution_markers_stay_in_the_notebooks_but_not_in_the_pages(smoke_site):
+    html_dir, _ = smoke_site
+    chapters = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    marked = [nb for nb in chapters if "# BEGIN SOLUTION" in nb.read_text(encoding="utf-8")]
+    assert len(marked) >= 9
+    shown = [nb.stem for nb in marked if "SOLUTION" in (html_dir / "notebooks" / f"{nb.stem}.html").read_text()]
+    assert not shown, f"pages that show the BEGIN/END SOLUTION lines: {shown}"
+    page = (html_dir / "notebooks" / f"{marked[0].stem}.html").read_text()
+    assert "tag_solution" in page, "the solutions themselves should still be in the page"
+
+
+def _learner_ext():
+    sys.path.insert(0, str(REPO / "book" / "_ext"))
+    try:
+        import learner_notebooks
+    finally:
+        sys.path.pop(0)
+    return learner_notebooks
+
+
+@pytest.mark.parametrize(
+    "url, publish, notebook_repo, fails",
+    [
+        ("placeholder", "", "placeholder", None),  # a local build keeps the placeholder
+        ("placeholder", "1", "placeholder", "not the published"),
+        ("https://github.com/someone/course", "1", "https://github.com/someone/course", None),
+        ("https://github.com/someone/course", "1", "placeholder", "name another repository"),
+        ("https://gitlab.com/someone/course", "1", "https://gitlab.com/someone/course", "not the published"),
+        ("https://github.com/someone/course", "0", "placeholder", None),  # 0: not for publication
+    ],
+)
+def test_a_build_for_publication_checks_the_repository(tmp_path, monkeypatch, url, publish, notebook_repo, fails):
+    from types import SimpleNamespace
+
+    from sphinx.errors import ConfigError
+
+    ext = _learner_ext()
+    url = ext.PLACEHOLDER_REPOSITORY if url == "placeholder" else url
+    notebook_repo = ext.PLACEHOLDER_REPOSITORY if notebook_repo == "placeholder" else notebook_repo
+    (tmp_path / "notebooks" / "exercises").mkdir(parents=True)
+    org_repo = notebook_repo.split("/", 3)[-1]
+    (tmp_path / "notebooks" / "01_x.ipynb").write_text(f'"REPOSITORY = \\"{notebook_repo}\\"\n"')
+    (tmp_path / "notebooks" / "exercises" / "01_x.ipynb").write_text(
+        f"https://colab.research.google.com/github/{org_repo}/blob/main/notebooks/01_x.ipynb"
+    )
+    app = SimpleNamespace(config=SimpleNamespace(html_theme_options={"repository_url": url}), srcdir=str(tmp_path))
+    monkeypatch.setenv(ext.PUBLISH_ENV, publish)
+    if fails is None:
+        ext._check_repository(app)
+    else:
+        with pytest.raises(ConfigError, match=fails):
+            ext._check_repository(app)
 
 
 # ---- failure modes ------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import torch
 
 from attncircuits import data, load_checkpoint
 from attncircuits import train as T
-from attncircuits.pretrained import CORPUS_DIR, sha256
+from attncircuits.manifest import sha256
+from attncircuits.pretrained import CORPUS_DIR
 from attncircuits.train_cli import main
 
 # a seconds-long run: the tiny preset on a small local corpus
@@ -165,7 +166,7 @@ def test_load_corpus_takes_one_path_or_several(tmp_path, docs):
 
 def _interrupt_at(monkeypatch, step):
     """Press Ctrl-C while the batch of training step ``step`` is being drawn."""
-    calls, make_batch = [], T.make_batch
+    calls, make_batch = [], T.make_batch_checked
 
     def batch_then_ctrl_c(*args):
         calls.append(1)
@@ -173,7 +174,7 @@ def _interrupt_at(monkeypatch, step):
             signal.raise_signal(signal.SIGINT)
         return make_batch(*args)
 
-    monkeypatch.setattr(T, "make_batch", batch_then_ctrl_c)
+    monkeypatch.setattr(T, "make_batch_checked", batch_then_ctrl_c)
 
 
 def _same_run(a, b):
@@ -200,7 +201,7 @@ def test_ctrl_c_keeps_a_state_that_resume_finishes_exactly(tmp_path, docs, capsy
     code, err = cli(capsys, *run, "--out", tmp_path / "cut")
     assert code == 2 and "holds an interrupted run (stopped before step 6): add --resume" in err[0]
     code, err = cli(capsys, *run, "--steps", "10", "--out", tmp_path / "cut", "--resume")
-    assert code == 2 and "started with other settings (train)" in err[0] and partial.is_dir()
+    assert code == 2 and "started with other settings or files (train)" in err[0] and partial.is_dir()
     assert cli(capsys, *run, "--out", tmp_path / "cut", "--resume")[0] == 0
     assert not partial.exists() and _same_run(tmp_path / "whole", tmp_path / "cut")
     assert load_checkpoint(tmp_path / "cut").snapshot_steps == [0, 3, 6]

@@ -70,6 +70,7 @@ def test_check_mode_reports_a_stale_notebook(tmp_path, capsys):
         "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
     }
     (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/09_x\n")
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
     assert "notebooks/exercises/09_x.ipynb is missing" in capsys.readouterr().out
     assert make_learner.main(["--root", str(tmp_path)]) == 0
@@ -78,11 +79,12 @@ def test_check_mode_reports_a_stale_notebook(tmp_path, capsys):
     banner, stub, check = learner["cells"]
     assert "exercises version" in "".join(banner["source"])
     assert stub["metadata"]["tags"] == ["solution"] and stub["outputs"] == [] and stub["execution_count"] is None
-    assert "".join(check["source"]) == "check_f(f)"
+    assert "".join(check["source"]) == "check_f(f);"  # one line of output: no `True` under it
     (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved).replace("return 1", "return 2"))
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 0  # only the hidden solution changed
     solved["cells"][0]["source"] = ["A new first cell.\n"]
     (tmp_path / "notebooks" / "09_x.ipynb").write_text(json.dumps(solved))
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: notebooks/09_x\n")
     assert make_learner.main(["--root", str(tmp_path), "--check"]) == 1
     assert "09_x.ipynb is stale" in capsys.readouterr().out
 
@@ -97,3 +99,44 @@ def test_the_live_run_is_tested_once_in_the_solved_chapter():
     learner = learner_notebook(solved, name)
     skipped = {c["id"] for c in learner["cells"] if "nbval-skip" in c["metadata"].get("tags", [])}
     assert skipped == live
+
+
+_HINT = "<details><summary>Hint"
+
+
+def _exercise_blocks(nb: dict) -> list[list[dict]]:
+    """The cells of each exercise: from its "### Exercise" heading to the next heading."""
+    blocks: list[list[dict]] = []
+    for cell in nb["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and text.startswith("#"):
+            blocks.append([cell] if text.startswith("### Exercise") else [])
+        elif blocks and blocks[-1]:
+            blocks[-1].append(cell)
+    return [b for b in blocks if b]
+
+
+@pytest.mark.parametrize("path", make_learner.chapters(ROOT), ids=lambda p: p.stem[:2])
+def test_each_exercise_reads_task_hints_solution_check(path):
+    """Hints sit between the task and the solution, labelled "Hint" alone or "Hint 1", "Hint 2", ...;
+    the check cell asserts, so the solved chapter fails when a solution stops passing (the learner's
+    copy drops the ``assert``)."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for block in _exercise_blocks(nb):
+        title = "".join(block[0]["source"]).splitlines()[0]
+        kinds = []
+        for cell in block[1:]:
+            text = "".join(cell["source"])
+            tags = cell["metadata"].get("tags", [])
+            if "solution" in tags:
+                kinds.append("solution")
+            elif cell["cell_type"] == "markdown" and text.startswith(_HINT):
+                kinds.append(text.split("</summary>")[0].removeprefix("<details><summary>"))
+            elif cell["cell_type"] == "code" and "check_" in text:
+                kinds.append("check")
+                calls = [ln for ln in text.splitlines() if ln.lstrip().startswith(("check_", "assert check_"))]
+                assert calls and all(ln.startswith("assert check_") for ln in calls), (title, calls)
+        assert "solution" in kinds and "check" in kinds, (title, kinds)
+        hints = [k for k in kinds if k.startswith("Hint")]
+        assert kinds[: len(hints)] == hints, f"{title}: hints after the solution ({kinds})"
+        assert hints == (["Hint"] if len(hints) == 1 else [f"Hint {i}" for i in range(1, len(hints) + 1)]), (title, hints)

@@ -96,6 +96,23 @@ def test_bad_input_is_refused_before_training(overrides, message):
         live.live_train(plot=False, streams=(np.zeros(0), np.zeros(0)), **overrides)
 
 
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"d_model": "128"}, TypeError, "d_model must be an int, got '128'"),
+    ({"n_ctx": 64.5}, TypeError, "n_ctx must be an int, got 64.5"),
+    ({"n_heads": True}, TypeError, "n_heads must be an int, got True"),
+    ({"init_std_embed": float("nan")}, TypeError, "init_std_embed must be a finite number, got nan"),
+    ({"init_std_embed": 0.0}, ValueError, "init_std_embed must be above 0"),
+    ({"threads": -1}, ValueError, "threads must be at least 1, got -1"),
+    ({"threads": 1.5}, TypeError, "threads must be an int, got 1.5"),
+    ({"max_minutes": "5"}, TypeError, "max_minutes must be a finite number"),
+    ({"max_minutes": 0}, ValueError, "max_minutes must be above 0"),
+])
+def test_argument_types_are_refused_in_one_line_before_training(kwargs, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(")) as err:
+        live.live_train(plot=False, streams=(np.zeros(0), np.zeros(0)), **kwargs)
+    assert "\n" not in str(err.value)
+
+
 def test_run_that_will_not_fit_the_time(small_streams):
     with pytest.raises(ValueError, match=r"over max_minutes=0.0001; use steps <= \d+"):
         live.live_train(plot=False, max_minutes=1e-4, streams=small_streams, **{**SMALL, "steps": 10**6})

@@ -215,3 +215,79 @@ def test_validation_windows():
     assert torch.equal(spread[0], every[0]) and torch.equal(spread[-1], every[-1])
     with pytest.raises(ValueError, match="n_windows must be between 1 and"):
         validation_windows(10**6)
+
+
+# ---- what the config and the manifest cannot vouch for --------------------------------------------
+def _forge(saved, weights=None, config=None, tokenizer=None):
+    """Rewrite a checkpoint's files and then its manifest, as a tool that rewrites both would."""
+    from safetensors.torch import save_file
+
+    from attncircuits.manifest import write_manifest
+
+    if weights is not None:
+        save_file(weights, saved / "model.safetensors")
+    if config is not None:
+        (saved / "config.json").write_text(json.dumps(config))
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, saved / "tokenizer.json")
+    write_manifest(saved)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.int64, torch.uint8])
+def test_weights_that_are_not_floats_are_refused(saved, dtype):
+    sd = {k: v.to(dtype) for k, v in load_checkpoint(saved).model.state_dict().items()}
+    _forge(saved, weights=sd)
+    with pytest.raises(ValueError, match="holds tensors that are not float weights: W_E"):
+        load_checkpoint(saved)
+
+
+def test_another_models_tokenizer_of_the_same_size_is_refused(saved, tmp_path):
+    from attncircuits import data
+
+    other = tmp_path / "other.json"
+    texts = [f"some other text number {i} " * 20 for i in range(50)]
+    data.train_tokenizer(texts, 2048).save(str(other))
+    assert json.loads((saved / "config.json").read_text())["tokenizer_sha256"] == hashlib.sha256(
+        (saved / "tokenizer.json").read_bytes()).hexdigest()
+    _forge(saved, tokenizer=other)
+    with pytest.raises(ValueError, match="is not the tokenizer these weights were trained with"):
+        load_checkpoint(saved)
+
+
+def test_shapes_are_compared_before_anything_is_allocated(saved):
+    import time
+    import tracemalloc
+
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["model"]["d_vocab"] = 10**9  # 512 GB of float32 weights, were the model built first
+    _forge(saved, config=cfg)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"disagree .*'W_E': \(\(1000000000, 32\), \(2048, 32\)\)"):
+        load_checkpoint(saved)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert time.perf_counter() - t0 < 5 and peak < 50 * 2**20
+
+
+def test_every_shipped_model_names_its_tokenizer():
+    from attncircuits.manifest import sha256
+    from attncircuits.pretrained import MODEL_NAMES
+
+    for name in MODEL_NAMES:
+        ck = load_pretrained(name)
+        assert ck.config["tokenizer_sha256"] == sha256(ck.directory / "tokenizer.json")
+
+
+@pytest.mark.parametrize("call, error, expected", [
+    (lambda: load_pretrained("attn-only-1l", device="bogus"), ValueError, "device 'bogus' is not a device; use one of cpu"),
+    (lambda: load_pretrained("attn-only-1l", device="cuda:99"), ValueError, "is not available here; use one of cpu"),
+    (lambda: load_pretrained(4), KeyError, "unknown model 4"),
+    (lambda: load_checkpoint(4), TypeError, "directory must be a path"),
+    (lambda: load_checkpoint(None), TypeError, "directory must be a path"),
+    (lambda: load_checkpoint("x" * 300), FileNotFoundError, "cannot be read"),
+])
+def test_bad_load_arguments_are_refused_in_one_line(call, error, expected):
+    with pytest.raises(error, match=expected.replace("(", r"\(")) as err:
+        call()
+    assert "\n" not in str(err.value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,13 @@ def _read_stdlib_file(path: Path) -> str:  # the rule the shipped corpus files w
     return path.read_bytes().decode("utf-8", errors="replace")
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:  # e.g. a name too long for the file system
+        return False
+
+
 def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: str | Path | None = None) -> Corpus:
     """Load the default corpus (``paths=None``) or local text files (one path or several).
 
@@ -109,10 +117,12 @@ def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: st
         paths = stdlib_files(root)
         read = _read_stdlib_file
     else:
-        paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Iterable):
+            paths = [paths]
+        paths = [validate.path(p, "corpus file") for p in paths]
         if not paths:
             raise ValueError("no corpus files given: pass at least one text file")
-        missing = [str(p) for p in paths if not p.is_file()]
+        missing = [str(p)[:80] for p in paths if not _is_file(p)]
         if missing:
             raise FileNotFoundError(f"corpus files not found: {missing[:5]}; pass existing text files")
         root, read = None, read_text_file
@@ -156,8 +166,8 @@ def load_tokenizer(path: str | Path):
     """Load a tokenizer JSON file, with a message that names the fix when it is missing."""
     from tokenizers import Tokenizer
 
-    path = Path(path)
-    if not path.is_file():
+    path = validate.path(path, "tokenizer path")
+    if not _is_file(path):
         raise FileNotFoundError(
             f"tokenizer file {path} not found; re-train with `make train` or restore it with "
             "`git checkout -- src/attncircuits/pretrained`"
@@ -256,6 +266,12 @@ def random_windows(
     batch_size, n_ctx = validate.count(batch_size, "batch_size"), validate.count(n_ctx, "n_ctx")
     if len(tokens) < n_ctx:
         raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than n_ctx={n_ctx}")
+    return random_windows_checked(tokens, batch_size, n_ctx, generator)
+
+
+def random_windows_checked(tokens: Tensor, batch_size: int, n_ctx: int, generator: torch.Generator) -> Tensor:
+    """:func:`random_windows` for checked arguments: ``tokens`` a 1-D int64 tensor of at least
+    ``n_ctx`` ids (the training loop checks its stream once, not at every step)."""
     starts = torch.randint(0, len(tokens) - n_ctx + 1, (batch_size,), generator=generator)
     return torch.stack([tokens[s : s + n_ctx] for s in starts.tolist()])
 
@@ -276,8 +292,18 @@ def repeated_windows(
     batch_size, n_ctx = validate.count(batch_size, "batch_size"), validate.count(n_ctx, "n_ctx", 2)
     max_len = validate.count(n_ctx // 2 if max_len is None else max_len, "max_len", 1, n_ctx)
     min_len = validate.count(min_len, "min_len", 1, max_len, why="the shortest window, at most max_len")
+    tokens = validate.token_ids(tokens, None, "tokens", ndim=1)
+    if len(tokens) < max_len:
+        raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than max_len={max_len}")
+    return repeated_windows_checked(tokens, batch_size, n_ctx, generator, min_len, max_len)
+
+
+def repeated_windows_checked(
+    tokens: Tensor, batch_size: int, n_ctx: int, generator: torch.Generator, min_len: int, max_len: int
+) -> Tensor:
+    """:func:`repeated_windows` for checked arguments (``tokens`` as in :func:`random_windows_checked`)."""
     lens = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator).tolist()
-    windows = random_windows(tokens, batch_size, max_len, generator)
+    windows = random_windows_checked(tokens, batch_size, max_len, generator)
     rows = [windows[i, :L].repeat(n_ctx // L + 1)[:n_ctx] for i, L in enumerate(lens)]
     return torch.stack(rows)
 

@@ -41,6 +41,7 @@ __all__ = [
     "previous_token_model",
     "previous_token_qk",
     "set_head",
+    "set_previous_token_head",
     "two_back_model",
 ]
 
@@ -180,15 +181,21 @@ def set_head(model: AttnOnlyTransformer, layer: int, head: int = 0, **weights: T
         getattr(block, name)[head] = value
 
 
+def set_previous_token_head(model: AttnOnlyTransformer, layer: int, layout: Layout, src: str, dst: str, sharpness: float) -> None:
+    """Make head 0 of ``layer`` a previous-token head (from the sinusoids) that copies block ``src``
+    of the previous position into block ``dst``: the one piece the three models below share."""
+    cfg = model.cfg
+    W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
+    W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block(src), layout.block(dst))
+    set_head(model, layer, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+
+
 @torch.no_grad()
 def previous_token_model(layout: Layout = Layout(), sharpness: float = 12.0) -> AttnOnlyTransformer:
     """One layer, one head attending to the previous token and copying it to the ``out`` block:
     the model predicts that the next token is the previous one (``[a][b] -> [a]``)."""
     model = empty_model(layout, 1)
-    cfg = model.cfg
-    W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
-    W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("out"))
-    set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_previous_token_head(model, 0, layout, "token", "out", sharpness)
     return model
 
 
@@ -199,12 +206,8 @@ def two_back_model(layout: Layout = Layout(), sharpness: float = 12.0) -> AttnOn
     (pattern ``A^1 A^0``, OV ``W_OV^0 W_OV^1``) moves the token two back into ``out``, and
     ``prev`` still holds the token one back for any other head to use."""
     model = empty_model(layout, 2)
-    cfg = model.cfg
-    W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
-    W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("prev"))
-    set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
-    W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("prev"), layout.block("out"))
-    set_head(model, 1, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_previous_token_head(model, 0, layout, "token", "prev", sharpness)
+    set_previous_token_head(model, 1, layout, "prev", "out", sharpness)
     return model
 
 
@@ -228,9 +231,7 @@ def induction_model(layout: Layout = Layout(), sharpness: float = 12.0, match: f
     ``token`` into ``out``: after ``[a][b] ... [a]`` the model predicts ``[b]``."""
     model = empty_model(layout, 2)
     cfg = model.cfg
-    W_Q, W_K = previous_token_qk(model.W_pos, layout.n_pos_pairs, cfg.d_head, sharpness)
-    W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("prev"))
-    set_head(model, 0, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+    set_previous_token_head(model, 0, layout, "token", "prev", sharpness)
     W_Q, W_K = induction_qk(layout, match)
     W_V, W_O = copy_ov(cfg.d_model, cfg.d_head, layout.block("token"), layout.block("out"))
     set_head(model, 1, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from .model import AttnOnlyConfig, AttnOnlyTransformer
+from .model import AttnOnlyConfig, AttnOnlyTransformer, sinusoidal_positions
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
@@ -77,6 +78,9 @@ class HookedConfig:
     # "shortformer": positions enter the queries and keys only, as in the attention-only models, so
     # the residual stream carries tokens alone; "standard": added to the residual stream (GPT-2)
     positional_embedding_type: str = "standard"
+    # the attention-only models' fixed sinusoidal positions instead of learned ones: with learned
+    # positions (random at first) the previous-token head formed far later (see the ln-mlp-4l preset)
+    sinusoidal_positions: bool = False
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", "d_vocab"):
@@ -104,18 +108,34 @@ class HookedConfig:
             raise ValueError(f"unknown HookedConfig fields {unknown}")
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    def tl_kwargs(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "sinusoidal_positions"}
+
     def tl_config(self):
         """The ``HookedTransformerConfig`` of this shape."""
         tl = require_transformer_lens()
         return tl.HookedTransformerConfig(
-            **asdict(self), default_prepend_bos=False,
+            **self.tl_kwargs(), default_prepend_bos=False,
             original_architecture=ARCHITECTURE,
         )
 
     def build(self) -> "HookedTransformer":
         """A freshly initialised model (seeded by ``torch.manual_seed``, as the training loop does)."""
         tl = require_transformer_lens()
-        return tl.HookedTransformer(self.tl_config())
+        model = tl.HookedTransformer(self.tl_config(), move_to_device=False)
+        # the course's measures call forward_checked on tokens they have checked already
+        model.forward_checked = types.MethodType(_forward_checked, model)
+        if self.sinusoidal_positions:  # fixed, as in the attention-only models: not trained
+            model.pos_embed.W_pos.data.copy_(sinusoidal_positions(self.n_ctx, self.d_model))
+            model.pos_embed.W_pos.requires_grad_(False)
+        return model
+
+
+def _forward_checked(model, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
+    if kwargs:
+        raise TypeError(f"chapter 10's model takes no {', '.join(sorted(kwargs))} here: remove heads or "
+                        "replace patterns with TransformerLens hooks (model.hooks(fwd_hooks=...))")
+    return model(tokens)
 
 
 def is_hooked(model) -> bool:
@@ -145,4 +165,13 @@ def config_of(model) -> AttnOnlyConfig | HookedConfig:
     """The course config of a model of either kind (what its checkpoint's config.json holds)."""
     if isinstance(model, AttnOnlyTransformer):
         return model.cfg
-    return HookedConfig(**{name: getattr(model.cfg, name) for name in HookedConfig.__dataclass_fields__})
+    fields = [name for name in HookedConfig.__dataclass_fields__ if name != "sinusoidal_positions"]
+    fixed = not model.pos_embed.W_pos.requires_grad
+    return HookedConfig(**{name: getattr(model.cfg, name) for name in fields}, sinusoidal_positions=fixed)
+
+
+def expected_shapes(cfg: HookedConfig) -> dict[str, tuple]:
+    """The shape of every parameter a checkpoint of this config holds, found without allocating any
+    memory (on torch's meta device)."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        return {k: tuple(v.shape) for k, v in weights(cfg.build()).items()}

@@ -69,6 +69,11 @@ def to_transformer_lens(
     tensors are passed through unchanged either way.
     """
     tl = require_transformer_lens()
+    if not isinstance(model, AttnOnlyTransformer):
+        raise TypeError(f"model must be an attncircuits AttnOnlyTransformer, got {type(model).__name__}"
+                        + ("; it is already a HookedTransformer" if isinstance(model, tl.HookedTransformer) else ""))
+    if not isinstance(model_name, str):
+        raise TypeError(f"model_name must be a str, got {model_name!r}")
     c = model.cfg
     cfg = tl.HookedTransformerConfig(
         model_name=model_name,
@@ -167,7 +172,12 @@ def from_transformer_lens(tl_model: "HookedTransformer") -> AttnOnlyTransformer:
     """Our :class:`AttnOnlyTransformer` with ``tl_model``'s weights, or an error naming every part it
     cannot represent exactly (LayerNorm, MLPs, non-zero biases, positions in the residual stream,
     rotary positions, ...). float16/bfloat16 weights are widened to float32, which is exact."""
-    require_transformer_lens()
+    tl = require_transformer_lens()
+    if isinstance(tl_model, AttnOnlyTransformer):
+        raise TypeError("tl_model is already one of our AttnOnlyTransformer models: use it as it is "
+                        "(to_transformer_lens(model) converts it the other way)")
+    if not isinstance(tl_model, tl.HookedTransformer):
+        raise TypeError(f"tl_model must be a TransformerLens HookedTransformer, got {type(tl_model).__name__}")
     cfg = tl_model.cfg
     problems = _refusals(cfg)
     blocks = [b.attn for b in tl_model.blocks]

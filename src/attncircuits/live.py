@@ -19,7 +19,6 @@ repeats the scores need, one step must fit in memory and the whole step budget i
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, fields
 
@@ -28,11 +27,11 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from . import data
+from . import data, validate
 from .model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 from .plotting.base import MAX_WIDTH_IN
 from .pretrained import CORPUS_DIR, load_train_bigram_counts, load_validation_tokens, validation_windows
-from .train import PRESETS, TrainConfig, evaluate, make_batch, train
+from .train import PRESETS, TrainConfig, evaluate, make_batch, memory_limit_bytes, step_memory_bytes, train  # noqa: F401 (re-exported)
 
 LIVE_PRESET = "attn-only-2l-live"
 TARGET_PREFIX_MATCHING = 0.5  # a layer-1 head attends half its weight to the token after the match
@@ -76,24 +75,6 @@ def live_text(model: AttnOnlyTransformer, n_windows: int = 64) -> torch.Tensor:
 def min_context() -> int:
     """The shortest context the live scores fit in: four copies of ``MIN_REPEAT`` tokens + start."""
     return 4 * MIN_REPEAT + 1
-
-
-def step_memory_bytes(model_cfg: AttnOnlyConfig, batch_size: int) -> int:
-    """A rough upper bound on one training step's memory: logits and attention patterns with their
-    gradients (about four float32 copies each) and the residual stream's activations, plus weights,
-    gradients and AdamW's two moments."""
-    T, V, H, L = model_cfg.n_ctx, model_cfg.d_vocab, model_cfg.n_heads, model_cfg.n_layers
-    per_row = 4 * T * V + 6 * L * H * T * T + 4 * T * (L + 1) * (model_cfg.d_model + 4 * H * model_cfg.d_head)
-    params = 2 * V * model_cfg.d_model + 4 * L * H * model_cfg.d_model * model_cfg.d_head
-    return 4 * (batch_size * per_row + 4 * params)
-
-
-def memory_limit_bytes() -> int:
-    """Half of this machine's physical memory (the rest is the system's and the notebook's)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): assume 8 GiB of RAM
-        return 4 << 30
 
 
 def check_live_config(model_cfg: AttnOnlyConfig, cfg: TrainConfig, memory_limit: int | None = None) -> None:
@@ -263,6 +244,8 @@ def live_train(
     preparation."""
     model_cfg, cfg = live_configs(**overrides)
     check_live_config(model_cfg, cfg)
+    threads = None if threads is None else validate.count(threads, "threads")
+    max_minutes = None if max_minutes is None else validate.number(max_minutes, "max_minutes", 0, above=True)
     old_threads, old_grad = torch.get_num_threads(), torch.is_grad_enabled()
     if threads:
         torch.set_num_threads(threads)

@@ -115,7 +115,7 @@ def per_token_loss(
 
 
 def _per_token_loss(model, tokens: Tensor, chunk: int = 32, **forward_kwargs) -> Tensor:
-    return torch.cat([loss_fn(model(rows, **forward_kwargs), rows, per_token=True).cpu() for rows in tokens.split(chunk)])
+    return torch.cat([loss_fn(model.forward_checked(rows, **forward_kwargs), rows, per_token=True).cpu() for rows in tokens.split(chunk)])
 
 
 def per_position_loss(
@@ -137,7 +137,7 @@ def repeated_loss_curve(
     """Per-position loss on random tokens repeated ``n_repeats`` times (default: the longest
     ``seq_len`` that fits). An induction head shows as loss falling to near 0 on later copies."""
     seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size, min_len=2, why=COPY_LOSS)
-    toks = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
+    toks = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed).to(next(model.parameters()).device)
     return RepeatedLossCurve(_per_token_loss(model, toks, **forward_kwargs).mean(0), seq_len, n_repeats)
 
 
@@ -196,7 +196,7 @@ def _loss_at_positions(model, tokens: Tensor, pos: Tensor, chunk: int = 64) -> T
     total = torch.zeros(len(pos))
     for rows in tokens.split(chunk):
         if isinstance(model, AttnOnlyTransformer):  # unembed only the positions scored
-            _, cache = model.run_with_cache(rows)
+            _, cache = model.forward_checked(rows, return_cache=True)
             logp = (cache.resid[-1][:, pos - 1] @ model.W_U).log_softmax(-1)  # [batch, k, d_vocab]
         else:  # chapter 10's HookedTransformer (LayerNorm before the unembedding)
             logp = model(rows)[:, pos - 1].log_softmax(-1)
@@ -263,7 +263,7 @@ def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], 
     the positions of ``tokens`` (a ``[d_model]`` vector): what the head writes on average stays,
     what it writes *about this input* goes."""
     heads = validate.heads(model, heads)
-    _, cache = model.run_with_cache(validate.tokens(model, tokens))
+    _, cache = model.forward_checked(validate.tokens(model, tokens), return_cache=True)
     return {"ablate": {(l, h): cache.head_out[l][:, :, h].mean((0, 1)) for l, h in heads}}
 
 
@@ -286,7 +286,7 @@ def pattern_preserving_ablation(
 
 def _pattern_kwargs(model, tokens: Tensor, heads: list[Head], cache: ActivationCache | None) -> dict:
     if cache is None:
-        _, cache = model.run_with_cache(tokens)
+        _, cache = model.forward_checked(tokens, return_cache=True)
     frozen = {(l, h): cache.pattern[l][:, h] for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)}
     return {"ablate": {h: 0.0 for h in heads}, "patterns": frozen}
 
@@ -313,7 +313,7 @@ def _ablated_nll(model, tokens: Tensor, heads: list[Head], mode: str, cache) -> 
         kwargs = {"ablate": {h: 0.0 for h in heads}}
     else:
         kwargs = _pattern_kwargs(model, tokens, heads, cache)
-    return loss_fn(model(tokens, **kwargs), tokens, per_token=True)
+    return loss_fn(model.forward_checked(tokens, **kwargs), tokens, per_token=True)
 
 
 @torch.no_grad()
@@ -329,12 +329,22 @@ def ablation_effects(
     ``heads`` limits the work to some heads (the others are NaN); default: every head."""
     mode = _check_mode(mode)
     tokens = validate.tokens(model, tokens, 2, LOSS)
+    n = tokens.shape[1] - 1  # per-token losses: one per position that has a next token
     targets = slice(None) if targets is None else targets
+    if isinstance(targets, slice):
+        if not len(range(n)[targets]):
+            raise ValueError(f"targets={targets} picks none of the {n} target positions; pass positions in 0..{n - 1}")
+    elif isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
+        raise TypeError(f"targets must be a slice or a list of target positions, got {targets!r}")
+    else:
+        targets = [validate.in_range(t, n, "target", "target positions (one per next-token loss)") for t in targets]
+        if not targets:
+            raise ValueError("targets is empty; pass at least one target position, or None for all")
     if heads is None:
         heads = [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
     else:
         heads = validate.heads(model, heads)
-    logits, cache = model.run_with_cache(tokens)
+    logits, cache = model.forward_checked(tokens, return_cache=True)
     base = loss_fn(logits, tokens, per_token=True)[:, targets].mean()
     out = torch.full((model.cfg.n_layers, model.cfg.n_heads), float("nan"))
     for l, h in heads:

@@ -40,10 +40,9 @@ class AttnOnlyConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"config field {name} must be positive, got {getattr(self, name)}")
-        if self.n_layers < 0:
-            raise ValueError(f"n_layers must be >= 0, got {self.n_layers}")
+            setattr(self, name, validate.count(getattr(self, name), name))
+        self.n_layers = validate.count(self.n_layers, "n_layers", minimum=0)
+        self.init_std_embed = validate.number(self.init_std_embed, "init_std_embed", minimum=0, above=True)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -229,8 +228,25 @@ class AttnOnlyTransformer(nn.Module):
         ``ablate`` replaces a head's output ``[batch, pos, d_model]``: ``{(layer, head): 0.0}``
         zero-ablates it; a tensor replaces it; a callable maps the real output to a new one.
         ``patterns`` replaces a head's attention pattern ``[batch, q, k]`` (freeze or edit it).
+        The tokens are checked here (any container of ids; see :func:`attncircuits.validate.tokens`).
         """
         tokens = validate.tokens(self, tokens)
+        return self.forward_checked(tokens, return_cache, validate.ablations(self, ablate, *tokens.shape),
+                                    validate.patterns(self, patterns, *tokens.shape))
+
+    def forward_checked(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        return_cache: bool = False,
+        ablate: Mapping[Head, Tensor | float | Callable] | None = None,
+        patterns: Mapping[Head, Float[Tensor, "batch q k"]] | None = None,
+    ):
+        """:meth:`forward` for tokens already checked: a ``[batch, pos]`` int64 tensor on the model's
+        device, ids in ``[0, d_vocab)``, at most ``n_ctx`` per row. It reads no value of ``tokens``
+        back to the host, so the training loop and the package's functions that checked their input
+        once (at their public boundary) run it without a host-device sync per call. ``ablate`` and
+        ``patterns`` keys are still checked (plain ints, nothing to sync); their values are checked
+        by :meth:`forward` (:func:`attncircuits.validate.ablations`, :func:`~attncircuits.validate.patterns`)."""
         per_layer_out: list[dict] = [{} for _ in self.blocks]
         per_layer_pat: list[dict] = [{} for _ in self.blocks]
         for key, v in (ablate or {}).items():

@@ -17,9 +17,7 @@ reader's Python version.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.numpy import load_file as np_load_file
-from safetensors.numpy import save_file as np_save_file
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import load_file
 
-from . import hooked, validate
+from . import durable, hooked, validate
 from .data import load_tokenizer
+from .manifest import read_manifest, save_weights, sha256, verify_file, verify_manifest, write_manifest
 from .model import AttnOnlyConfig, AttnOnlyTransformer
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -41,89 +40,21 @@ MODEL_NAMES = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 DEEPER_MODEL_NAMES = ("ln-mlp-4l",)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def save_weights(tensors: dict, path: Path) -> None:
-    """safetensors file with the usual file mode (safetensors itself writes 0600)."""
-    (np_save_file if tensors and isinstance(next(iter(tensors.values())), np.ndarray) else save_file)(tensors, path)
-    path.chmod(0o666 & ~_umask())
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_manifest(directory: Path) -> None:
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "manifest.json")
-    manifest = {p.relative_to(directory).as_posix(): sha256(p) for p in files}
-    (directory / "manifest.json").write_text(json.dumps({"sha256": manifest}, indent=1) + "\n")
-
-
-def read_manifest(directory: Path) -> dict[str, str]:
-    """The ``{relative path: SHA-256}`` entries of ``directory/manifest.json``, refused when it is
-    missing, unreadable, empty, or leaves a weight file (``*.safetensors``) of the folder out."""
-    mpath = directory / "manifest.json"
-    fix = f"restore the folder from git (`git checkout -- {directory}`) or retrain it"
-    if not mpath.is_file():
-        raise FileNotFoundError(f"{mpath} is missing, so the checkpoint cannot be verified; {fix}")
-    try:
-        entries = json.loads(mpath.read_text(encoding="utf-8"))["sha256"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{mpath} is corrupt (not a JSON object with a 'sha256' table: {err!r}); {fix}") from None
-    if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items()):
-        raise ValueError(f"{mpath} is corrupt (its 'sha256' table must map file names to hashes); {fix}")
-    if not entries:
-        raise ValueError(f"{mpath} lists no files, so nothing in {directory} can be verified; {fix}")
-    unlisted = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*.safetensors"))
-    unlisted = [rel for rel in unlisted if rel not in entries]
-    if unlisted:
-        raise ValueError(f"{directory / unlisted[0]} is not listed in {mpath}, so it cannot be verified; "
-                         f"remove it, or {fix}")
-    return entries
-
-
-def verify_file(directory: Path, rel: str, entries: dict[str, str] | None = None) -> Path:
-    """Check one file of ``directory`` against its manifest entry; returns its path."""
-    entries = read_manifest(directory) if entries is None else entries
-    p = directory / rel
-    if rel not in entries:
-        raise ValueError(f"{p} is not listed in {directory / 'manifest.json'}, so it cannot be verified; "
-                         "remove it, or restore the folder from git or retrain it")
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} is listed in the manifest but missing; restore it from git or retrain")
-    if sha256(p) != entries[rel]:
-        raise ValueError(
-            f"{p} does not match its SHA-256 in {directory / 'manifest.json'} (corrupt or edited file); "
-            f"restore it with `git checkout -- {p}` or retrain with `make train`"
-        )
-    return p
-
-
-def verify_manifest(directory: Path) -> None:
-    """Raise if the manifest is unusable, leaves out a weight file, or a listed file is missing or
-    differs from its hash."""
-    entries = read_manifest(directory)
-    for rel in entries:
-        verify_file(directory, rel, entries)
-
-
 def is_checkpoint_dir(directory: Path) -> bool:
     """Whether ``directory`` is a model folder this package wrote: a readable manifest that lists
-    its weights and config, and every file in the folder listed there."""
+    its weights and config, every file in the folder listed there, and no other folder in it (an
+    empty folder of the user's included)."""
     try:
         entries = read_manifest(directory)
     except (OSError, ValueError):
         return False
-    files = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {"manifest.json"}
-    return {"model.safetensors", "config.json"} <= set(entries) and files <= set(entries)
+    found = list(directory.rglob("*"))
+    files = {p.relative_to(directory).as_posix() for p in found if p.is_file() and not p.is_symlink()} - {"manifest.json"}
+    folders = {p.relative_to(directory).as_posix() for p in found if p.is_dir() or p.is_symlink()}
+    listed_folders = {"/".join(rel.split("/")[:i]) for rel in entries for i in range(1, rel.count("/") + 1)}
+    others = [p for p in found if not (p.is_file() or p.is_dir()) or p.is_symlink()]
+    return ({"model.safetensors", "config.json"} <= set(entries) and files <= set(entries)
+            and folders <= listed_folders and not others)
 
 
 def check_replaceable(directory: Path, overwrite: bool) -> None:
@@ -159,6 +90,37 @@ def state_dict_for_save(model: AttnOnlyTransformer, dtype=torch.float16) -> dict
     return {k: v.detach().to("cpu", dtype).contiguous() for k, v in sd.items()}
 
 
+def write_checkpoint_files(
+    directory: Path,
+    state_dict: dict,
+    config: dict,
+    tokenizer_path: str | Path,
+    history: dict | None = None,
+    snapshots: dict[int, dict] | None = None,
+    folders: dict[str, Path] | None = None,
+) -> None:
+    """Write a checkpoint's files into the empty folder ``directory`` and make them durable.
+
+    Any model class: ``state_dict`` (tensors, stored as given) and ``config`` (JSON; the SHA-256 of
+    the tokenizer is added, so loading can tell that the tokenizer belongs to these weights).
+    ``folders`` (name -> folder) are copied in too (e.g. the corpus files a run prepared)."""
+    directory.mkdir(exist_ok=True)
+    save_weights(state_dict, directory / "model.safetensors")
+    shutil.copyfile(tokenizer_path, directory / "tokenizer.json")
+    config = {**config, "tokenizer_sha256": sha256(directory / "tokenizer.json")}
+    (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    if history is not None:
+        (directory / "history.json").write_text(json.dumps(history) + "\n")
+    if snapshots:
+        (directory / "snapshots").mkdir()
+        for step, sd in sorted(snapshots.items()):
+            save_weights(sd, directory / "snapshots" / f"step_{step:06d}.safetensors")
+    for name, src in (folders or {}).items():
+        shutil.copytree(src, directory / name)
+    write_manifest(directory)
+    durable.fsync_tree(directory)
+
+
 def save_checkpoint(
     model: AttnOnlyTransformer,
     directory: str | Path,
@@ -172,41 +134,44 @@ def save_checkpoint(
     """Write a checkpoint directory atomically: into ``<dir>.partial`` first, then renamed.
 
     Only a folder this package wrote (see :func:`is_checkpoint_dir`) is ever replaced, and only
-    with ``overwrite``. A ``<dir>.partial`` left by a training run (it holds ``PARTIAL_MARKER``)
-    is completed in place, so its tokenizer, corpus files and snapshots become part of the model.
+    with ``overwrite``; the old one is removed only once the new one is in its place.
     """
     directory = Path(directory)
     check_replaceable(directory, overwrite)
     tmp = partial_dir(directory)
-    fresh = not tmp.exists()
-    if fresh:
-        tmp.mkdir()
-    elif not (tmp / PARTIAL_MARKER).is_file():
-        raise FileExistsError(f"{tmp} exists and was not written by this program; move it away and save again")
+    if tmp.exists() or tmp.is_symlink():
+        raise FileExistsError(f"{tmp} exists (another save or training run into {directory.name}); "
+                              "move it away and save again")
+    tmp.mkdir()
     try:
-        (tmp / "snapshots").mkdir(exist_ok=True)
-        save_weights(state_dict_for_save(model, dtype), tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps({"model": hooked.config_of(model).to_dict(), **(meta or {})}, indent=1) + "\n")
-        if Path(tokenizer_path).resolve() != (tmp / "tokenizer.json").resolve():
-            shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-        if history is not None:
-            (tmp / "history.json").write_text(json.dumps(history) + "\n")
-        for step, sd in sorted((snapshots or {}).items()):
-            save_weights(sd, tmp / "snapshots" / f"step_{step:06d}.safetensors")
-        if not any((tmp / "snapshots").iterdir()):
-            (tmp / "snapshots").rmdir()
-        shutil.rmtree(tmp / RESUME_SUBDIR, ignore_errors=True)
-        (tmp / PARTIAL_MARKER).unlink(missing_ok=True)
-        write_manifest(tmp)
-    except BaseException:
-        if fresh:
+        write_checkpoint_files(tmp / "final", state_dict_for_save(model, dtype), {"model": hooked.config_of(model).to_dict(), **(meta or {})},
+                               tokenizer_path, history, snapshots)
+        with durable.hold_signals():
+            swap_into(directory, tmp / "final", tmp / "old", lambda: check_replaceable(directory, overwrite))
+    finally:
+        if directory.exists() or not (tmp / "old").exists():  # never remove the only copy of the old model
             shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if directory.exists():
-        check_replaceable(directory, overwrite)  # still ours: nothing else was put there meanwhile
-        shutil.rmtree(directory)
-    tmp.rename(directory)
     return directory
+
+
+def swap_into(target: Path, new: Path, aside: Path, still_replaceable=lambda: None, between=lambda: None) -> None:
+    """Put the folder ``new`` at ``target`` by renames: an existing ``target`` (checked by
+    ``still_replaceable`` first) is moved to ``aside``, ``new`` renamed in its place, each step
+    durable (``between`` runs between the two). Should the second rename fail, the old folder goes
+    back."""
+    if target.exists() or target.is_symlink():
+        still_replaceable()
+        target.rename(aside)
+        durable.fsync_dir(target.parent)
+        durable.fsync_dir(aside.parent)
+    try:
+        between()
+        new.rename(target)
+    except BaseException:
+        if aside.exists() and not target.exists():
+            aside.rename(target)
+        raise
+    durable.fsync_dir(target.parent)
 
 
 @dataclass
@@ -231,28 +196,77 @@ class Checkpoint:
         return _build(hooked.config_of(self.model), path, self.model.W_E.device)
 
 
-def _build(cfg: AttnOnlyConfig, weights: Path, device) -> AttnOnlyTransformer:
+#: the dtypes a checkpoint's weights may have (loaded as float32)
+WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
+def expected_shapes(module_class, config) -> dict[str, tuple]:
+    """The shape of every tensor in ``module_class(config)``'s state dict, found without allocating
+    any memory (on torch's meta device), so a config asking for 10**9 tokens costs nothing."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        return {k: tuple(v.shape) for k, v in module_class(config).state_dict().items()}
+
+
+def read_weights(weights: Path, expected: dict[str, tuple]) -> dict:
+    """The tensors of ``weights``, once its header shows each has the expected name, shape and a
+    float dtype: nothing is allocated for a file that disagrees with its config."""
+    fix = "restore it from git or retrain"
+    try:
+        with safe_open(weights, "pt") as f:
+            header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except Exception as err:  # noqa: BLE001 (safetensors raises several kinds for a damaged file)
+        raise ValueError(f"{weights} is not a readable safetensors file ({err}); {fix}") from None
+    got = {k: shape for k, (shape, _) in header.items()}
+    if expected != got:
+        diff = {k: (expected.get(k), got.get(k)) for k in sorted(set(expected) | set(got)) if expected.get(k) != got.get(k)}
+        raise ValueError(f"config and weights in {weights.parent} disagree (name: (config shape, file shape)): {diff}")
+    bad = sorted(f"{k} ({dtype})" for k, (_, dtype) in header.items() if dtype not in WEIGHT_DTYPES)
+    if bad:
+        raise ValueError(f"{weights} holds tensors that are not float weights: {', '.join(bad)}; {fix}")
     try:
         sd = load_file(weights)
-    except Exception as err:
-        raise ValueError(f"{weights} is not a readable safetensors file ({err}); restore it from git or retrain") from err
-    model = hooked.build_model(cfg)
-    expected = {k: tuple(v.shape) for k, v in state_dict_for_save(model).items()}
-    got = {k: tuple(v.shape) for k, v in sd.items()}
-    if expected != got:
-        diff = {k: (expected.get(k), got.get(k)) for k in set(expected) | set(got) if expected.get(k) != got.get(k)}
-        raise ValueError(f"config and weights in {weights.parent} disagree (name: (config shape, file shape)): {diff}")
-    bad = [k for k, v in sd.items() if not torch.isfinite(v).all()]
-    if bad:
-        raise ValueError(f"{weights} holds NaN or infinite weights ({', '.join(bad)}); restore it from git or retrain")
-    model.load_state_dict({**model.state_dict(), **{k: v.float() for k, v in sd.items()}})
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"{weights} is not a readable safetensors file ({err}); {fix}") from None
+    nonfinite = [k for k, v in sd.items() if not torch.isfinite(v).all()]
+    if nonfinite:
+        raise ValueError(f"{weights} holds NaN or infinite weights ({', '.join(nonfinite)}); {fix}")
+    return sd
+
+
+def _build(cfg: AttnOnlyConfig | hooked.HookedConfig, weights: Path, device) -> AttnOnlyTransformer:
+    if isinstance(cfg, hooked.HookedConfig):  # chapter 10's model: the file holds its parameters
+        sd = read_weights(weights, hooked.expected_shapes(cfg))
+        model = hooked.build_model(cfg)
+        model.load_state_dict({**model.state_dict(), **{k: v.float() for k, v in sd.items()}})
+        return model.to(device).eval()
+    sd = read_weights(weights, expected_shapes(AttnOnlyTransformer, cfg))
+    model = AttnOnlyTransformer(cfg)
+    model.load_state_dict({k: v.float() for k, v in sd.items()})
     return model.to(device).eval()
+
+
+def check_device(device) -> torch.device:
+    """``device`` as a torch.device this machine has, or a one-line error naming the ones it has."""
+    have = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
+        ["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device; use one of {', '.join(have)}") from None
+    if dev.type not in have or (dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count()):
+        raise ValueError(f"device {device!r} is not available here; use one of {', '.join(have)}")
+    return dev
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:
     """Load any checkpoint directory written by :func:`save_checkpoint` (hashes checked first)."""
-    directory = Path(directory)
-    if not directory.is_dir():
+    directory = validate.path(directory, "directory")
+    device = check_device(device)
+    try:
+        exists = directory.is_dir()
+    except OSError as err:  # e.g. a name too long for the file system
+        raise FileNotFoundError(f"checkpoint directory {str(directory)[:80]!r} cannot be read ({err.strerror})") from None
+    if not exists:
         raise FileNotFoundError(f"checkpoint directory {directory} not found; train one with `python -m attncircuits.train`")
     if verify:
         verify_manifest(directory)
@@ -264,8 +278,12 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
         model_cfg = hooked.model_config(config["model"])
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{cfg_path} is corrupt ({err!r}); restore it from git or retrain") from None
+    tok_path = directory / "tokenizer.json"
+    if "tokenizer_sha256" in config and tok_path.is_file() and sha256(tok_path) != config["tokenizer_sha256"]:
+        raise ValueError(f"{tok_path} is not the tokenizer these weights were trained with (its SHA-256 differs from "
+                         f"the one in {cfg_path}); restore the folder from git or retrain")
     model = _build(model_cfg, directory / "model.safetensors", device)
-    tokenizer = load_tokenizer(directory / "tokenizer.json")
+    tokenizer = load_tokenizer(tok_path)
     if tokenizer.get_vocab_size() != model.cfg.d_vocab:
         raise ValueError(f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model d_vocab={model.cfg.d_vocab}")
     hist_path = directory / "history.json"
@@ -275,12 +293,28 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
 
 def load_pretrained(name: str, device: str | torch.device = "cpu") -> Checkpoint:
     """Load a shipped model: ``attn-only-0l``, ``attn-only-1l``, ``attn-only-2l`` or chapter 10's ``ln-mlp-4l``."""
-    if name not in MODEL_NAMES + DEEPER_MODEL_NAMES:
+    if not isinstance(name, str) or name not in MODEL_NAMES + DEEPER_MODEL_NAMES:
         raise KeyError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES + DEEPER_MODEL_NAMES)}")
     directory = PRETRAINED_DIR / name
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is missing; train the shipped models with `make train`")
-    return load_checkpoint(directory, device)
+    ck = load_checkpoint(directory, device)
+    if "tokenizer_sha256" not in ck.config:  # every shipped model names its tokenizer
+        raise ValueError(f"{directory / 'config.json'} does not name its tokenizer's SHA-256; restore the folder with "
+                         f"`git checkout -- {directory}`")
+    return ck
+
+
+def record_tokenizer_hash(directory: str | Path) -> None:
+    """Add the tokenizer's SHA-256 to the config of a checkpoint saved before loading checked it,
+    and rewrite its manifest; the weights are not touched. The folder must verify first."""
+    directory = Path(directory)
+    verify_manifest(directory)
+    cfg_path = directory / "config.json"
+    config = json.loads(cfg_path.read_text())
+    config["tokenizer_sha256"] = sha256(directory / "tokenizer.json")
+    cfg_path.write_text(json.dumps(config, indent=1) + "\n")
+    write_manifest(directory)
 
 
 # ---- shipped corpus files ----------------------------------------------------------------------

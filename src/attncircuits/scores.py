@@ -33,7 +33,7 @@ def _patterns(model: AttnOnlyTransformer, tokens: Tensor, **forward_kwargs) -> F
     if not isinstance(model, AttnOnlyTransformer) and not forward_kwargs:  # chapter 10's HookedTransformer
         _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
         return torch.stack([cache["pattern", layer] for layer in range(model.cfg.n_layers)])
-    _, cache = model.run_with_cache(tokens, **forward_kwargs)
+    _, cache = model.forward_checked(tokens, return_cache=True, **forward_kwargs)
     return torch.stack(cache.pattern)
 
 
@@ -137,8 +137,8 @@ def copying_scores(
     """
     validate.depth(model, "attention heads to score")
     seq_len, _, batch_size = validate.repeat_args(model, seq_len, 1, batch_size)
-    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed)
-    _, cache = model.run_with_cache(toks)
+    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed).to(next(model.parameters()).device)
+    _, cache = model.forward_checked(toks, return_cache=True)
     src = toks[:, 1:].flatten()  # the random tokens (the start token is left out)
     out = torch.empty(model.cfg.n_layers, model.cfg.n_heads)
     for layer, block in enumerate(model.blocks):
@@ -243,7 +243,7 @@ def qk_score_terms(
     validate.depth(model, "splitting a layer-1 head's scores by source", at_least=2)
     tokens = validate.tokens(model, tokens)
     head = validate.head(model, head)
-    _, cache = model.run_with_cache(tokens)
+    _, cache = model.forward_checked(tokens, return_cache=True)
     n = tokens.shape[1]
     parts = [model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)]
     parts += [cache.head_out[0][:, :, a] for a in range(model.cfg.n_heads)]
@@ -268,7 +268,7 @@ def logit_attribution(
     direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
     With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
     tokens = validate.tokens(model, tokens, 2, "a next token to attribute")
-    _, cache = model.run_with_cache(tokens)
+    _, cache = model.forward_checked(tokens, return_cache=True)
     parts = [(model.W_E[tokens] @ model.W_U)[:, :, None]] + [out @ model.W_U for out in cache.head_out]
     return next_token_contributions(parts, tokens, centered=False)
 
@@ -278,7 +278,7 @@ def two_back_accuracy(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos
     """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
     back = validate.count(back, "back")
     tokens = validate.tokens(model, tokens, back + 1, f"a token {back} back")
-    logits = model(tokens)
+    logits = model.forward_checked(tokens)
     return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
 
 
@@ -332,9 +332,11 @@ def phase_change_step(history: dict, key: str = "prefix_matching", layer: int = 
     evaluations, and for an S-shaped rise it is the same moment."""
     if key not in history or "step" not in history:
         raise KeyError(f"history has no {key!r} or 'step' column; available: {sorted(history)}")
-    if not 0 < frac < 1:
+    if not 0 < validate.number(frac, "frac") < 1:
         raise ValueError(f"frac={frac} must be between 0 and 1 (0.5: the midpoint of the rise)")
-    best = [max(v[layer]) for v in history[key] if v is not None]
+    rows = [v for v in history[key] if v is not None]
+    layer = validate.in_range(layer, len(rows[0]) if rows else 0, "layer", f"layers in history[{key!r}]")
+    best = [max(v[layer]) for v in rows]
     steps = [s for s, v in zip(history["step"], history[key]) if v is not None]
     if len(best) < 2 or best[-1] <= best[0]:
         raise ValueError(f"the best layer-{layer} {key!r} score never rises in this history; there is no phase change to locate")

@@ -64,12 +64,19 @@ class SmearedKeyTransformer(nn.Module):
 
     def patterns(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch head q k"]:
         """The smeared attention patterns."""
-        _, cache = self.model(validate.tokens(self, tokens), return_cache=True)
+        return self._patterns(validate.tokens(self, tokens))
+
+    def _patterns(self, tokens: Tensor) -> Tensor:
+        _, cache = self.model.forward_checked(tokens, return_cache=True)
         return smear_scores(cache.attn_scores[0], self.smear).softmax(-1)
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
-        pat = self.patterns(tokens)
-        return self.model(tokens, patterns={(0, h): pat[:, h] for h in range(self.cfg.n_heads)})
+        return self.forward_checked(validate.tokens(self, tokens))
+
+    def forward_checked(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
+        """:meth:`forward` for checked tokens (see :meth:`AttnOnlyTransformer.forward_checked`)."""
+        pat = self._patterns(tokens)
+        return self.model.forward_checked(tokens, patterns={(0, h): pat[:, h] for h in range(self.cfg.n_heads)})
 
 
 def varied_repeats(batch_size: int, n_ctx: int, d_vocab: int, generator: torch.Generator, min_len: int = 6) -> Int[Tensor, "batch pos"]:
@@ -87,7 +94,7 @@ def varied_repeats(batch_size: int, n_ctx: int, d_vocab: int, generator: torch.G
 def train_on_repeated_tokens(
     model: nn.Module, steps: int = 300, batch_size: int = 32, lr: float = 3e-3, seed: int = 0
 ) -> list[float]:
-    """Train ``model`` (any module mapping tokens to logits with a ``cfg``) for ``steps`` AdamW steps
+    """Train ``model`` (an :class:`AttnOnlyTransformer` or a :class:`SmearedKeyTransformer`) for ``steps`` AdamW steps
     on :func:`varied_repeats`; returns the training loss of every step. Seconds on a CPU."""
     steps, batch_size = validate.count(steps, "steps"), validate.count(batch_size, "batch_size")
     torch.manual_seed(seed)
@@ -96,8 +103,8 @@ def train_on_repeated_tokens(
     losses = []
     model.train()
     for _ in range(steps):
-        batch = varied_repeats(batch_size, model.cfg.n_ctx, model.cfg.d_vocab, g)
-        loss = loss_fn(model(batch), batch)
+        batch = varied_repeats(batch_size, model.cfg.n_ctx, model.cfg.d_vocab, g).to(next(model.parameters()).device)
+        loss = loss_fn(model.forward_checked(batch), batch)  # drawn here: valid ids, checked by construction
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -1,20 +1,26 @@
 """The training command line, ``python -m attncircuits.train``: checks, output folders, resuming.
 
 Everything that can be wrong with a command is found before the first training step and reported
-one line per problem: every flag's value, the device, the corpus files (text only), and the output
-folder. A run writes only into ``<out>.partial/`` (marked with ``PARTIAL_MARKER``), renamed to
-``<out>`` at the end; an existing ``<out>`` is replaced only with ``--overwrite`` and only when it is
-a model folder this program wrote. Ctrl-C stops at the next step boundary and keeps a resumable
-state in ``<out>.partial/resume/`` (it is also refreshed at every evaluation); ``--resume``
-continues from there, and any other failure removes ``<out>.partial`` unless it holds such a state.
+one line per problem: every flag's value, the device, the memory a step needs, the corpus files
+(text only), and the output folder (symbolic links resolved; it must be a folder the run can be
+renamed into). A run writes only into ``<out>.partial/``, which it locks (a second run into the same
+``--out`` is refused while the first lives) and which ends as a transaction: see ``run_folder.py``.
+An existing ``<out>`` is replaced only with ``--overwrite`` and only when it is a model folder this
+program wrote. Ctrl-C stops at the next step boundary and keeps a resumable state in
+``<out>.partial/resume/`` (also refreshed at every evaluation); during the final save it is held
+until the model is in place. ``--resume`` continues an interrupted run, or puts in place a finished
+model whose save was cut short. A non-finite loss stops the run, keeping the last finite state. Every
+error is one line that says what was kept and where.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import hashlib
 import json
 import os
-import shutil
+import re
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -22,13 +28,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from . import data
+from . import data, durable, run_folder
 from .hooked import model_config
+from .manifest import save_weights, sha256, verify_manifest
 from .pretrained import (
-    CORPUS_DIR, PARTIAL_MARKER, PRETRAINED_DIR, RESUME_SUBDIR, check_replaceable, partial_dir, save_checkpoint,
-    save_weights, sha256, verify_manifest, write_manifest,
+    CORPUS_DIR, PRETRAINED_DIR, RESUME_SUBDIR, check_replaceable, state_dict_for_save, write_checkpoint_files,
 )
-from .train import PRESETS, TrainConfig, TrainingInterrupted, corpus_streams, prepare_corpus, train
+from .run_folder import RunFolderError, kept
+from .train import (
+    PRESETS, TrainConfig, TrainingDiverged, TrainingInterrupted, corpus_streams, memory_limit_bytes, prepare_corpus,
+    step_memory_bytes, train,
+)
 
 PROG = "python -m attncircuits.train"
 
@@ -39,6 +49,10 @@ class Refused(Exception):
 
 class Interrupted(Refused):
     """Ctrl-C stopped the run; its progress is kept for ``--resume`` (exit status 130)."""
+
+
+class Failed(Refused):
+    """The run failed (a disk error, a diverging loss); the line says what was kept (exit status 1)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,6 +97,18 @@ def check_device(name: str | None) -> str | None:
     return name
 
 
+def resolve_out(given: Path) -> Path:
+    """``--out`` as the real folder the run will be renamed into: symbolic links resolved (a link to
+    a missing folder names the folder to create), a loop or a link onto a file refused."""
+    out = Path(os.path.abspath(given))
+    real = Path(os.path.realpath(out))
+    if real.is_symlink() or (out.is_symlink() and real == out):
+        raise Refused(f"--out {given} is a symbolic link that does not resolve (a loop); name a real folder")
+    if not real.name or real.parent == real:
+        raise Refused(f"--out {given} is not a folder this program can create; name a new folder")
+    return real
+
+
 def check_args(args) -> tuple[dict, TrainConfig, Path]:
     """All problems with the command line, one line each, before anything is written."""
     problems = []
@@ -94,6 +120,14 @@ def check_args(args) -> tuple[dict, TrainConfig, Path]:
     cfg = TrainConfig(**{**train_kw, **given})
     problems += [f"--{name.replace('_', '-')} {what.replace('random_repeat_frac', '--random-repeat-frac')}"
                  for name, what in cfg.problems()]
+    if not problems:  # a step must fit in memory (the vocabulary is at most the preset's)
+        need, limit = step_memory_bytes(model_config(model_kw), cfg.batch_size), memory_limit_bytes()
+        need += 8 * cfg.eval_batches * cfg.batch_size * model_config(model_kw).n_ctx  # the validation windows
+        if need > limit:
+            per_row = step_memory_bytes(model_config(model_kw), 1) - step_memory_bytes(model_config(model_kw), 0)
+            problems.append(f"--batch-size {cfg.batch_size} needs about {need / 2**30:,.1f} GiB a step, more than the "
+                            f"{limit / 2**30:.1f} GiB allowed (half this machine's memory); use --batch-size "
+                            f"<= {max(1, limit // per_row // (1 + cfg.eval_batches))}")
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be a whole number >= 1 (got {args.threads})")
     if args.prepare_corpus and args.corpus_files:
@@ -104,105 +138,98 @@ def check_args(args) -> tuple[dict, TrainConfig, Path]:
         problems.append(str(err))
     if problems:
         raise Refused("\n".join(problems))
-    out = Path(os.path.abspath(args.out or PRETRAINED_DIR / args.preset))
-    if not out.name:
-        raise Refused(f"--out {args.out} is not a folder this program can create; name a new folder")
+    out = resolve_out(args.out or PRETRAINED_DIR / args.preset)
     try:
         check_replaceable(out, args.overwrite)
     except FileExistsError as err:
         raise Refused(f"--out: {err}".replace("overwrite=True (CLI: --overwrite)", "--overwrite")) from None
     if not out.parent.is_dir():
         raise Refused(f"--out {args.out}: the folder {out.parent} does not exist; create it first")
+    for folder in (out.parent, *([out] if out.exists() else [])):  # each rename needs these writable
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise Refused(f"--out {args.out}: cannot write in {folder} (permission denied); choose a folder you can write to")
     return model_kw, cfg, out
 
 
-def open_partial(out: Path, resume: bool) -> Path:
-    """Create (or, with ``resume``, reopen) ``<out>.partial``; refuse what this program did not write."""
-    tmp = partial_dir(out)
-    state = tmp / RESUME_SUBDIR / "state.json"
-    if tmp.exists() or tmp.is_symlink():
-        if not tmp.is_dir() or not (tmp / PARTIAL_MARKER).is_file():
-            raise Refused(f"{tmp} exists and was not written by this program; move it away or choose another --out")
-        if state.is_file() and not resume:
-            step = json.loads(state.read_text())["step"]
-            raise Refused(f"{tmp} holds an interrupted run (stopped before step {step}): add --resume to continue "
-                          f"it, or delete {tmp} to start over")
-        if state.is_file():
-            return tmp
-        shutil.rmtree(tmp)  # left by a run killed before its first saved state: nothing to keep
-    if resume:
-        raise Refused(f"--resume: there is no interrupted run to continue ({tmp} not found); leave out --resume")
-    try:
-        tmp.mkdir()
-        (tmp / PARTIAL_MARKER).write_text(json.dumps({"written_by": "attncircuits.train", "out": str(out)}) + "\n")
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise Refused(f"--out {out}: cannot write {tmp} ({err.strerror}); choose a folder you can write to") from None
-    return tmp
-
-
-def save_resume_state(tmp: Path, st: dict, run: dict) -> None:
-    """Write ``st`` (see :func:`attncircuits.train.train`) into ``<out>.partial/resume``, atomically."""
+def save_resume_state(tmp: Path, st: dict) -> None:
+    """Write ``st`` (see :func:`attncircuits.train.train`) as ``<out>.partial/resume`` (see
+    :func:`attncircuits.run_folder.save_state`: a kill at any moment leaves one complete state)."""
     tensors = {f"model/{k}": v.contiguous() for k, v in st["model"].items()}
     for i, s in st["optimizer"].items():
         tensors.update({f"optimizer/{i}/{k}": v.detach().cpu().contiguous() for k, v in s.items()})
     tensors["rng/generator"], tensors["rng/torch"] = st["generator"], st["torch_rng"]
     for step, sd in st["snapshots"].items():
         tensors.update({f"snapshot/{step}/{k}": v for k, v in sd.items()})
-    new = tmp / (RESUME_SUBDIR + ".new")
-    shutil.rmtree(new, ignore_errors=True)
-    new.mkdir()
-    save_weights(tensors, new / "state.safetensors")
-    meta = {k: st[k] for k in ("step", "ema", "wall_s", "history")}
-    (new / "state.json").write_text(json.dumps({**meta, "run": run}) + "\n")
-    write_manifest(new)
-    shutil.rmtree(tmp / RESUME_SUBDIR, ignore_errors=True)
-    new.rename(tmp / RESUME_SUBDIR)
+
+    def write(folder: Path) -> None:
+        save_weights(tensors, folder / "state.safetensors")
+        (folder / "state.json").write_text(json.dumps({k: st[k] for k in ("step", "ema", "wall_s", "history")}) + "\n")
+
+    run_folder.save_state(tmp, write)
 
 
-def load_resume_state(tmp: Path, run: dict) -> dict:
-    """The state saved by :func:`save_resume_state`, verified, for the same command only."""
+def load_resume_state(tmp: Path) -> dict:
+    """The state saved by :func:`save_resume_state`, verified; a damaged one is refused in one line."""
     directory = tmp / RESUME_SUBDIR
-    verify_manifest(directory)
-    meta = json.loads((directory / "state.json").read_text())
-    differs = sorted(k for k in set(run) | set(meta["run"]) if run.get(k) != meta["run"].get(k))
-    if differs:
-        raise Refused(f"--resume: the run in {tmp} was started with other settings ({', '.join(differs)}); "
-                      f"repeat its command with --resume, or delete {tmp} to start over")
-    t = load_file(directory / "state.safetensors")
-    st = {k: meta[k] for k in ("step", "ema", "wall_s", "history")}
-    st["model"] = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("model/")}
-    st["optimizer"], st["snapshots"] = {}, {}
-    for k, v in t.items():
-        kind, *rest = k.split("/")
-        if kind == "optimizer":
-            st["optimizer"].setdefault(int(rest[0]), {})[rest[1]] = v
-        elif kind == "snapshot":
-            st["snapshots"].setdefault(int(rest[0]), {})[rest[1]] = v
-    st["generator"], st["torch_rng"] = t["rng/generator"], t["rng/torch"]
+    try:
+        verify_manifest(directory)
+        meta = json.loads((directory / "state.json").read_text())
+        t = load_file(directory / "state.safetensors")
+        st = {k: meta[k] for k in ("step", "ema", "wall_s", "history")}
+        st["model"] = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("model/")}
+        st["optimizer"], st["snapshots"] = {}, {}
+        for k, v in t.items():
+            kind, *rest = k.split("/")
+            if kind == "optimizer":
+                st["optimizer"].setdefault(int(rest[0]), {})[rest[1]] = v
+            elif kind == "snapshot":
+                st["snapshots"].setdefault(int(rest[0]), {})[rest[1]] = v
+        st["generator"], st["torch_rng"] = t["rng/generator"], t["rng/torch"]
+    except Exception as err:  # noqa: BLE001 (any damage: truncated, forged, unreadable)
+        why = str(err).split(";")[0].splitlines()[0] if str(err) else type(err).__name__
+        raise Refused(f"--resume: the saved state in {directory} is damaged ({type(err).__name__}: {why[:120]}); "
+                      f"delete {tmp} to start over") from None
     return st
 
 
+def _os_error(err: BaseException) -> OSError:
+    """An OSError for a failed write reported as another exception (the tokenizers library's)."""
+    if isinstance(err, OSError):
+        return err
+    code = re.search(r"(?:code: |os error )(\d+)", str(err))
+    code = int(code.group(1)) if code else errno.EIO
+    return OSError(code, os.strerror(code))
+
+
 def corpus_and_tokenizer(args, tmp: Path) -> tuple:
-    """Token streams and the tokenizer's path; anything new is written under ``tmp`` only (or the
-    shipped corpus folder for ``--prepare-corpus`` without ``--out``, as ``make train`` does)."""
+    """Token streams, the tokenizer's path and the SHA-256 of the corpus's contents; anything new is
+    written under ``tmp`` only (or the shipped corpus folder for ``--prepare-corpus`` without
+    ``--out``, as ``make train`` does)."""
     if args.corpus_files:
         corpus = data.load_corpus(args.corpus_files)
         tok_path = tmp / "tokenizer.json"
         if not (args.resume and tok_path.is_file()):
             vocab = PRESETS[args.preset][0].get("d_vocab", data.DEFAULT_VOCAB_SIZE)
-            data.train_tokenizer([t for _, t in corpus.train], vocab).save(str(tok_path))
-        tr, va, _ = corpus_streams(data.load_tokenizer(tok_path), corpus)
-        return tr, va, tok_path
-    corpus_dir = CORPUS_DIR if args.out is None else tmp / "corpus"
-    if args.prepare_corpus and not (args.resume and (corpus_dir / "tokenizer.json").is_file()):
-        prepare_corpus(directory=corpus_dir)
-    tok_path = corpus_dir / "tokenizer.json" if args.prepare_corpus else CORPUS_DIR / "tokenizer.json"
-    if not tok_path.is_file():
-        raise Refused(f"the shipped tokenizer {tok_path} is missing; restore it with `git checkout -- {tok_path}` "
-                      "or add --prepare-corpus")
-    tr, va, _ = corpus_streams(data.load_tokenizer(tok_path))
-    return tr, va, tok_path
+            tok = data.train_tokenizer([t for _, t in corpus.train], vocab)
+            try:
+                tok.save(str(tok_path))
+            except Exception as err:  # noqa: BLE001 (tokenizers raises a bare Exception)
+                e = _os_error(err)
+                raise OSError(e.errno, e.strerror, str(tok_path)) from None
+    else:
+        corpus_dir = CORPUS_DIR if args.out is None else tmp / "corpus"
+        if args.prepare_corpus and not (args.resume and (corpus_dir / "tokenizer.json").is_file()):
+            prepare_corpus(directory=corpus_dir)
+        tok_path = corpus_dir / "tokenizer.json" if args.prepare_corpus else CORPUS_DIR / "tokenizer.json"
+        if not tok_path.is_file():
+            raise Refused(f"the shipped tokenizer {tok_path} is missing; restore it with `git checkout -- {tok_path}` "
+                          "or add --prepare-corpus")
+        corpus = data.load_corpus()
+    h = hashlib.sha256()
+    for name, text in [*corpus.train, *corpus.validation]:
+        h.update(f"{len(name)}:{name}{len(text)}:".encode() + text.encode("utf-8", "surrogatepass"))
+    tr, va, _ = corpus_streams(data.load_tokenizer(tok_path), corpus)
+    return tr, va, tok_path, h.hexdigest()
 
 
 def run(args) -> Path:
@@ -211,10 +238,24 @@ def run(args) -> Path:
         data.load_corpus(args.corpus_files)
     if args.threads:
         torch.set_num_threads(args.threads)
-    tmp = open_partial(out, args.resume)
-    resumable = (tmp / RESUME_SUBDIR).is_dir()
     try:
-        tr, va, tok_path = corpus_and_tokenizer(args, tmp)
+        part = run_folder.open_partial(out, args.resume, [PROG, *getattr(args, "argv", [])])
+    except RunFolderError as err:
+        raise Refused(str(err)) from None
+    try:
+        return _run(args, model_kw, cfg, out, part)
+    finally:
+        part.close()
+
+
+def _run(args, model_kw: dict, cfg: TrainConfig, out: Path, part: run_folder.Partial) -> Path:
+    tmp, stage = part.path, "before training started"
+    if part.ended:
+        run_folder.clean(tmp)
+        print(f"saved {out}: the run had ended with its model in place; what it left in {tmp} is removed")
+        return out
+    try:
+        tr, va, tok_path, corpus_sha = corpus_and_tokenizer(args, tmp)
         model_kw = {**model_kw, "d_vocab": data.load_tokenizer(tok_path).get_vocab_size()}
         model_cfg = model_config(model_kw)
         for name, tokens in (("training", tr), ("validation", va)):
@@ -223,29 +264,51 @@ def run(args) -> Path:
                               f"{model_cfg.n_ctx}: give more or longer text files")
         run_id = {"preset": args.preset, "model": model_cfg.to_dict(), "train": json.loads(json.dumps(asdict(cfg))),
                   "corpus_files": sorted(str(p.resolve()) for p in args.corpus_files or []),
-                  "tokenizer_sha256": sha256(tok_path)}
-        state = load_resume_state(tmp, run_id) if args.resume else None
-
-        def save_state(st):
-            nonlocal resumable
-            save_resume_state(tmp, st, run_id)
-            resumable = True
-
-        model, history, snaps = train(model_cfg, cfg, tr, va, device=args.device, resume=state, save_state=save_state)
+                  "corpus_sha256": corpus_sha, "tokenizer_sha256": sha256(tok_path)}
+        run_folder.check_run_id(part, run_id, args.resume)
+        if part.pending:  # the run had finished; its save was cut short
+            stage = "while putting the finished model in place"
+            with durable.hold_signals():
+                run_folder.place(part, args.overwrite)
+            print(f"saved {out}: the finished run kept in {tmp} is now in place")
+            return out
+        state = load_resume_state(tmp) if args.resume else None
+        stage = "during training"
+        model, history, snaps = train(model_cfg, cfg, tr, va, device=args.device, resume=state,
+                                      save_state=lambda st: save_resume_state(tmp, st))
+        stage = "while saving the model"
         meta = {"preset": args.preset, "train": asdict(cfg), "torch": torch.__version__, "python": sys.version.split()[0]}
-        save_checkpoint(model, out, tok_path, meta=meta, history=history, snapshots=snaps, overwrite=args.overwrite)
+        corpus = {"corpus": tmp / "corpus"} if args.prepare_corpus and args.out is not None else {}
+
+        def write(folder: Path) -> None:
+            write_checkpoint_files(folder, state_dict_for_save(model), {"model": model_cfg.to_dict(), **meta}, tok_path,
+                                   history, snaps, corpus)
+
+        with durable.hold_signals() as held:
+            run_folder.finish(part, write, args.overwrite)
+        if held:
+            print(f"{PROG}: {held[0]} during the save was held until the model was in place", file=sys.stderr)
     except TrainingInterrupted as stop:
-        raise Interrupted(f"interrupted before step {stop.step} of {cfg.steps}; progress kept in {tmp}: run the same "
-                      "command with --resume to continue") from None
+        raise Interrupted(f"interrupted before step {stop.step} of {cfg.steps}; {kept(out, cfg.steps)}") from None
     except BaseException as err:
-        if not resumable:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, KeyboardInterrupt):  # Ctrl-C before the first step
-            kept = f"the earlier progress in {tmp} is kept (add --resume)" if resumable else "nothing was kept"
-            raise Interrupted(f"interrupted before training started; {kept}") from None
-        if resumable and not isinstance(err, Refused):
-            print(f"{PROG}: progress up to the last evaluation is kept in {tmp}; add --resume to continue",
-                  file=sys.stderr)
+        where = kept(out, cfg.steps)
+        if not run_folder.keeps_anything(out):
+            run_folder.clean(tmp)
+        if isinstance(err, KeyboardInterrupt):
+            raise Interrupted(f"interrupted {stage}; {where}") from None
+        if isinstance(err, TrainingDiverged):
+            step = run_folder.saved_step(tmp)
+            where = (f"the last finite state (step {step}) is kept in {tmp}; delete it and run again with a lower --lr"
+                     if step is not None else f"nothing was kept; run again with a lower --lr than {cfg.lr:g}")
+            raise Failed(f"{err}; {where}") from None
+        if isinstance(err, RunFolderError):
+            raise Refused(str(err)) from None
+        if isinstance(err, OSError) and not isinstance(err, FileNotFoundError) or isinstance(err, MemoryError):
+            what = f"cannot write {err.filename}" if getattr(err, "filename", None) else "a disk or memory error"
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            raise Failed(f"{what} ({why}) {stage}; {where}") from None
+        if where != "nothing was kept" and not isinstance(err, Refused):
+            print(f"{PROG}: {where}", file=sys.stderr)
         raise
     last = {k: v[-1] for k, v in history.items() if isinstance(v, list) and v and not isinstance(v[-1], list)}
     print(f"saved {out}: {last}; {history['tokens_per_s']:,.0f} tokens/s")
@@ -254,12 +317,13 @@ def run(args) -> Path:
 
 def main(argv=None) -> None:
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         run(args)
     except Refused as err:
         for line in str(err).splitlines():
             print(f"{PROG}: error: {line}", file=sys.stderr)
-        sys.exit(130 if isinstance(err, Interrupted) else 2)
+        sys.exit(130 if isinstance(err, Interrupted) else 1 if isinstance(err, Failed) else 2)
     except (ValueError, OSError) as err:  # unreadable or unsuitable input, named by the message
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(1)

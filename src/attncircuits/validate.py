@@ -17,7 +17,9 @@ in any container a user has (lists, numpy arrays of any integer type, including 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -52,6 +54,22 @@ def count(value: Any, name: str, minimum: int = 1, maximum: int | None = None, w
         bound = f"at least {minimum}" if maximum is None else f"in {minimum}..{maximum}"
         raise ValueError(f"{name} must be {bound}{f' ({why})' if why else ''}, got {n}")
     return n
+
+
+def number(value: Any, name: str, minimum: float | None = None, above: bool = False) -> float:
+    """A finite real number (``minimum``: the lowest allowed, excluded when ``above``) as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and (value < minimum or above and value == minimum):
+        raise ValueError(f"{name} must be {'above' if above else 'at least'} {minimum}, got {value!r}")
+    return float(value)
+
+
+def path(value: Any, name: str) -> Path:
+    """A file or folder name (a ``str`` or ``os.PathLike``; not an int, None or bytes) as a Path."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or Path), got {_short(value)}")
+    return Path(value)
 
 
 # ---- model depth, layers and heads --------------------------------------------------------------
@@ -139,14 +157,20 @@ def int_tensor(value: Any, name: str, what: str = "token ids") -> Tensor:
     if value is None or isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be {what} (a list, array or tensor of ints), got {value!r}")
     if isinstance(value, Tensor):
+        if value.is_meta:
+            raise TypeError(f"{name} is a tensor on the meta device (a shape without values); pass a tensor with data")
         t = value
     else:
-        arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        try:
+            arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        except ValueError:  # numpy cannot stack rows of different lengths
+            raise ValueError(f"{name} is a ragged list (rows of different lengths); pad the rows to one length "
+                             "or pass one row at a time") from None
         if arr.dtype == object or arr.dtype.kind not in "biuf":
             raise TypeError(f"{name} must be {what} (a list, array or tensor of ints), got {_short(value)}")
         if arr.dtype.kind in "ui" or arr.size == 0:  # torch has few kernels for uint16; [] reads as float
             arr = arr.astype(np.int64)
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+        t = torch.from_numpy(np.ascontiguousarray(arr).reshape(arr.shape))  # (which makes a 0-d array 1-d)
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"{name} must be integer {what}, got dtype {t.dtype}")
     return t.to(torch.int64)
@@ -196,6 +220,8 @@ def token_rows(
     """``[pos]`` or ``[batch, pos]`` ids, at most ``n_ctx`` and at least ``min_len`` per row (``why``
     names what needs them), in ``[0, d_vocab)``: a ``[batch, pos]`` int64 tensor."""
     t = int_tensor(value, name)
+    if t.ndim == 0:
+        raise ValueError(f"{name} is a single number ({int(t)}), not a sequence of token ids; pass [{int(t)}] for one token")
     if t.ndim == 1:
         t = t[None]
     if t.ndim != 2:
@@ -313,3 +339,62 @@ def repeat_args(model, seq_len, n_repeats, batch_size, min_len: int = 1, min_rep
         seq_len = max_repeat_len(model.cfg.n_ctx, n_repeats)
     seq_len, n_repeats = repeats(seq_len, n_repeats, model.cfg.n_ctx, min_len=min_len, why=why)
     return seq_len, n_repeats, count(batch_size, "batch_size")
+
+
+# ---- edits of a forward pass --------------------------------------------------------------------
+def ablations(model, value: Any, batch: int, pos: int) -> dict:
+    """``ablate`` of a forward pass on ``[batch, pos]`` tokens, ``{(layer, head): replacement}``: each
+    value a finite number, a float tensor that broadcasts to the head's output
+    ``[batch, pos, d_model]`` (both returned as tensors), or a function of that output."""
+    out: dict = {}
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"ablate must be a dict {{(layer, head): replacement}}, got {_short(value)}")
+    want = (batch, pos, model.cfg.d_model)
+    for key, v in (value or {}).items():
+        l, h = head_pair(model, key)
+        if callable(v) and not isinstance(v, Tensor):
+            out[(l, h)] = v
+            continue
+        what = f"ablate[{(l, h)}]"
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number, np.ndarray, Tensor)):
+            raise TypeError(f"{what} must be a number, a tensor [batch, pos, d_model] or a function, got {_short(v)}")
+        t = _float_tensor(v, what)
+        if len(t.shape) > 3 or any(a not in (1, b) for a, b in zip(reversed(t.shape), reversed(want))):
+            raise ValueError(f"{what} has shape {tuple(t.shape)}, which does not fit the head's output [batch, pos, d_model] = "
+                             f"{list(want)}")
+        out[(l, h)] = t
+    return out
+
+
+def patterns(model, value: Any, batch: int, pos: int) -> dict:
+    """``patterns`` of a forward pass on ``[batch, pos]`` tokens, ``{(layer, head): pattern}``: each a
+    float tensor ``[q, k]`` or ``[batch, q, k]`` (at least ``pos`` square; it is cut to ``pos``) whose
+    rows are attention weights: >= 0, summing to 1."""
+    out: dict = {}
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"patterns must be a dict {{(layer, head): pattern}}, got {_short(value)}")
+    for key, p in (value or {}).items():
+        l, h = head_pair(model, key)
+        what = f"patterns[{(l, h)}]"
+        t = _float_tensor(p, what)
+        if t.ndim not in (2, 3) or t.shape[-1] != t.shape[-2] or t.shape[-1] < pos or t.ndim == 3 and t.shape[0] not in (1, batch):
+            raise ValueError(f"{what} has shape {tuple(t.shape)}; a pattern is [q, k] or [batch, q, k] with q = k >= {pos} "
+                             f"(the tokens' length) and batch 1 or {batch}")
+        rows, sums = t[..., :pos, :pos], t[..., :pos, :pos].sum(-1)
+        if bool((rows < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+            raise ValueError(f"{what} is not an attention pattern: each query's weights must be >= 0 and sum to 1 over the keys "
+                             f"(got weights from {float(rows.min()):.3g}, row sums {float(sums.min()):.3g}..{float(sums.max()):.3g})")
+        out[(l, h)] = t
+    return out
+
+
+def _float_tensor(value: Any, what: str) -> Tensor:
+    if isinstance(value, Tensor) and value.is_meta:
+        raise TypeError(f"{what} is a tensor on the meta device (a shape without values); pass a tensor with data")
+    try:
+        t = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{what} must be a float tensor, got {_short(value)}") from None
+    if t.dtype == torch.bool or t.is_complex() or not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{what} must hold finite real numbers, got {_short(value)}")
+    return t if t.is_floating_point() else t.float()

@@ -146,7 +146,7 @@ def _expansion(model: AttnOnlyTransformer, tokens: Tensor, patterns: Tensor | No
     heads = einsum(z, blk.W_O @ model.W_U, "b q h dh, h dh V -> b q h V")
     rest = None
     if model.cfg.n_layers > 1:
-        rest = model(tokens) - direct - heads.sum(2)
+        rest = model.forward_checked(tokens) - direct - heads.sum(2)
     return PathExpansion(tokens, direct, heads, patterns, rest)
 
 
@@ -162,7 +162,7 @@ def path_expansion_error(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch 
     validate.depth(model, NO_LAYERS)
     tokens = validate.tokens(model, tokens)
     exp = _expansion(model, tokens)
-    logits, cache = model.run_with_cache(tokens)
+    logits, cache = model.forward_checked(tokens, return_cache=True)
     if model.cfg.n_layers == 1:
         return float((exp.total - logits).abs().max())
     head_logits = einsum(cache.head_out[0], model.W_U, "b p h dm, dm V -> b p h V")

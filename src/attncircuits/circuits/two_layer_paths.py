@@ -103,7 +103,7 @@ def two_layer_path_expansion(model: AttnOnlyTransformer, tokens: Int[Tensor, "ba
     validate.depth(model, "the 2-layer path expansion", at_least=2, exactly=2)
     tokens = validate.tokens(model, tokens)
     if cache is None:
-        _, cache = model.run_with_cache(tokens)
+        _, cache = model.forward_checked(tokens, return_cache=True)
     A0, A1 = cache.pattern  # [batch, head, q, k]
     b0, b1 = model.blocks
     x = model.W_E[tokens]
@@ -215,7 +215,7 @@ def term_importance(
     n = 0
     for start in range(0, tokens.shape[0], batch_size):
         tok = tokens[start : start + batch_size]
-        logits, cache = model.run_with_cache(tok)
+        logits, cache = model.forward_checked(tok, return_cache=True)
         x = cache.resid[0][:, :-1]
         l0 = cache.head_out[0].sum(2)[:, :-1]
         v1 = einsum(cache.resid[0], b1.W_V, "b k m, h m d -> b k h d")

@@ -10,9 +10,10 @@ reference function and prints one message: ✓ correct, ✗ what is wrong (in wo
 transpose, a missing ``1/sqrt(d_head)``, ...), or ○ not attempted yet. Checks return True or False
 and never raise for anything the learner's function does.
 
-One module per chapter (``ch01`` ... ``ch08``) because the learner's import then names the chapter
-the exercise comes from, and each module imports only that chapter's reference functions, so a
-chapter's checks sit beside what they check and one chapter's change leaves the others alone. The
+One module per chapter of ``_toc.yml`` that has exercises (``ch01`` ... ``ch09``) because the learner's import then names the chapter
+the exercise comes from, and each module imports only that chapter's reference functions (from the rooms of the package:
+``circuits``, ``scores``, ``losses``, ``interop``; never defined here), so a chapter's checks sit
+beside what they check and one chapter's change leaves the others alone. The
 shared machinery (running a function safely, comparing, the messages) is in :mod:`._core`; its
 docstring says how to write a check.
 """

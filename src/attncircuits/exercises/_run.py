@@ -7,11 +7,14 @@ does (raise, run too long, return a stub's ``...``) into a :class:`_Stop` carryi
 from __future__ import annotations
 
 import ast
+import atexit
 import copy
 import ctypes
+import functools
 import dis
 import inspect
 import linecache
+import sys
 import sysconfig
 import textwrap
 import threading
@@ -39,9 +42,108 @@ class _Stop(Exception):
         self.message, self.ok = message, ok
 
 
+_STOPPING: set[int] = set()  # the threads whose time is up
+
+
+def _arm(ident: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_TimeLimit))
+
+
 class _TimeLimit(BaseException):
     """Raised inside the learner's call when its time is up (a BaseException, so that a bare
-    ``except Exception`` in the learner's code cannot swallow it)."""
+    ``except Exception`` in the learner's code cannot swallow it). While a thread's time is up,
+    each one raised in the learner's code turns on a line tracer in that thread that raises
+    again at the learner's next line, so a bare ``except:`` that swallows one meets another in its
+    own handler, where no ``try`` catches it, and the call ends."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        ident = threading.get_ident()
+        frame = sys._getframe(1)
+        if ident not in _STOPPING or frame.f_code.co_filename == __file__:
+            return
+        while frame is not None and frame.f_code.co_filename != __file__:
+            frame.f_trace, frame.f_trace_lines = _raise_at_next_line, True
+            frame = frame.f_back
+        sys.settrace(_raise_at_next_line)
+
+
+def _raise_at_next_line(frame, event, arg):
+    """A trace function (see :class:`_TimeLimit`)."""
+    if threading.get_ident() in _STOPPING and frame.f_code.co_filename != __file__:
+        raise _TimeLimit()
+    return None
+
+
+class _Worker(threading.Thread):
+    """The thread a learner's call runs in; it ends quietly however its time-out lands."""
+
+    def run(self) -> None:
+        ident = threading.get_ident()
+        clear = functools.partial(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_ulong(ident), None)
+        try:
+            try:
+                super().run()
+            except _TimeLimit:
+                pass
+            finally:
+                _STOPPING.discard(ident)
+                sys.settrace(None)
+                clear()
+        except _TimeLimit:
+            clear()
+
+
+class _WrongMethod(BaseException):
+    """Raised inside the learner's call when it uses a method the exercise rules out."""
+
+
+class Method:
+    """What the exercise rules out, judged by what the learner's code asks torch to do, not by
+    how long it takes (which depends on the machine): more than ``max_calls`` torch calls (a Python
+    loop over tokens calls torch once per token), more than ``max_lines`` lines of Python run (a
+    loop over a list), or a result of ``max_numel`` elements or more (the dense ``d_vocab x
+    d_vocab`` matrix). The call is stopped at once with ``message``."""
+
+    def __init__(self, message: str, max_calls: int | None = None, max_numel: int | None = None,
+                 max_lines: int | None = None):
+        self.message, self.max_calls, self.max_numel, self.max_lines = message, max_calls, max_numel, max_lines
+
+    def tracer(self):
+        """A ``sys.settrace`` function that stops the call after ``max_lines`` lines."""
+        count = [0]
+        limit = self.max_lines
+
+        def local(frame, event, arg):
+            if event == "line":
+                count[0] += 1
+                if count[0] > limit:
+                    raise _WrongMethod()
+            return local
+
+        def tracer(frame, event, arg):
+            return local
+
+        return tracer
+
+    def mode(self):
+        from torch.overrides import TorchFunctionMode
+
+        rule = self
+
+        class Watch(TorchFunctionMode):
+            calls = 0
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                Watch.calls += 1
+                if rule.max_calls is not None and Watch.calls > rule.max_calls:
+                    raise _WrongMethod()
+                out = func(*args, **(kwargs or {}))
+                if rule.max_numel is not None and isinstance(out, torch.Tensor) and out.numel() >= rule.max_numel:
+                    raise _WrongMethod()
+                return out
+
+        return Watch()
 
 
 # ---- running the learner's function --------------------------------------------------------------
@@ -93,14 +195,19 @@ def _first_line(err: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_LIVE: list[threading.Thread] = []  # workers stopped by a time-out that had not ended yet
+
+
 def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
     """(result, seconds). Raises _TimeLimit when ``call`` takes longer than ``limit`` seconds.
 
     The call runs in a daemon thread that the caller waits for at most ``limit`` seconds. A signal
     could not do this: it only interrupts Python code, so a minutes-long ``torch.linalg.eigvals``
-    would hold the notebook until it ended. When time is up the worker is sent an exception, which
-    stops a Python loop at once; a long C operation (a huge matrix product) runs to its end in the
-    background, ignored, and the notebook goes on.
+    would hold the notebook until it ended. When time is up the worker is sent an exception, again
+    every few milliseconds until it ends (so that a bare ``except:`` in a loop cannot swallow it:
+    one of them lands outside the ``try``); a long C operation runs to its end and the worker stops
+    at the next Python instruction. At exit the interpreter waits for such workers, so it never
+    finalises under a running torch kernel ("terminate called without an active exception").
     """
     start = time.perf_counter()
     box: dict = {}
@@ -113,7 +220,7 @@ def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, fl
         except BaseException as err:  # handed to the caller's thread below
             box["error"] = err
 
-    worker = threading.Thread(target=target, daemon=True, name="attncircuits-exercise-check")
+    worker = _Worker(target=target, daemon=True, name="attncircuits-exercise-check")
     worker.start()
     try:
         worker.join(limit)
@@ -128,19 +235,83 @@ def _run_with_time_limit(call: Callable[[], Any], limit: float) -> tuple[Any, fl
     return box.get("result"), time.perf_counter() - start
 
 
-def _stop_thread(worker: threading.Thread) -> None:
-    """Raise _TimeLimit inside ``worker`` at its next Python instruction."""
+def _stop_thread(worker: threading.Thread, wait: float = 2.0) -> None:
+    """Raise _TimeLimit inside ``worker`` until it ends (at most ``wait`` seconds here; a worker
+    inside a long C call is then left to a reaper thread that keeps at it until it ends)."""
+
     if worker.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_TimeLimit))
+        _STOPPING.add(worker.ident)
+
+    def hit() -> None:
+        if worker.ident is not None and worker.is_alive():
+            _arm(worker.ident)
+
+    deadline = time.perf_counter() + wait
+    while worker.is_alive() and time.perf_counter() < deadline:
+        hit()
+        worker.join(0.002)
+    if worker.is_alive():
+        _LIVE.append(worker)
+
+        def reap() -> None:
+            while worker.is_alive():
+                hit()
+                worker.join(0.01)
+
+        threading.Thread(target=reap, daemon=True, name="attncircuits-exercise-reaper").start()
 
 
-def _call(fn: Callable, case: Case, limit: float, slow_hint: str) -> Any:
+@atexit.register
+def _wait_for_stopped_workers() -> None:
+    """At exit, let a stopped worker's C call finish before the interpreter shuts down."""
+    for worker in _LIVE:
+        worker.join(60)
+
+
+def _stub_called(tb, fn: Callable) -> str | None:
+    """The name of the learner's function whose stub raised NotImplementedError, when that is a
+    function ``fn`` calls (an earlier exercise not done yet); None when it is ``fn`` itself."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    if not frames or str(Path(frames[-1].co_filename).resolve()).startswith(_LIBRARY_DIRS):
+        return ""  # raised by a library: not a stub
+    code = frames[-1]
+    if code is getattr(fn, "__code__", None) or code.co_name in ("<lambda>", "<module>"):
+        return None
+    return code.co_name
+
+
+def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method | None = None) -> Any:
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
+
+    def call():
+        if method is None:
+            return fn(*args, **kwargs)
+        if method.max_lines is not None:
+            sys.settrace(method.tracer())
+        try:
+            with method.mode():
+                return fn(*args, **kwargs)
+        finally:
+            sys.settrace(None)
+
     try:
         with torch.no_grad():
-            out, _ = _run_with_time_limit(lambda: fn(*args, **kwargs), limit)
-    except NotImplementedError:
-        raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+            out, _ = _run_with_time_limit(call, limit)
+    except _WrongMethod:
+        raise _Stop(f"on {case.label}: {method.message}")
+    except NotImplementedError as err:
+        stub = _stub_called(err.__traceback__, fn)
+        if stub is None:
+            raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+        if stub:
+            raise _Stop(
+                f"your function calls `{stub}`, which is not done yet (it raises NotImplementedError): "
+                f"finish that exercise first, then run this cell again"
+            )
+        raise _Stop(f"raised NotImplementedError{_where(err.__traceback__, fn)} on {case.label}: {_first_line(err)}")
     except _TimeLimit:
         raise _Stop(
             f"too slow: stopped waiting after {limit:.1f} s on {case.label} (the reference takes well "

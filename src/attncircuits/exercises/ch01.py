@@ -13,7 +13,7 @@ import torch
 
 from ..model import loss_fn
 from ..pretrained import validation_windows
-from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, random_tokens, run_check, shipped
 
 __all__ = ["check_attention_pattern", "check_head_output", "check_model_logits", "check_next_token_loss"]
 
@@ -71,6 +71,7 @@ def _pattern_case(name_or_model, layer: int, head: int, label: str, kind: str, t
     return Case(label, (q, k), kind=kind, expected=cache.pattern[layer][:, head])
 
 
+@guarded
 def check_attention_pattern(attention_pattern) -> bool:
     """``attention_pattern(q, k)``: ``[batch, pos, d_head]`` twice -> ``[batch, q_pos, k_pos]``,
     against the patterns in the model's cache."""
@@ -98,6 +99,7 @@ def _head_case(name_or_model, layer: int, head: int, label: str, kind: str, toke
     return Case(label, args, kind=kind, expected=cache.head_out[layer][:, :, head])
 
 
+@guarded
 def check_head_output(head_output) -> bool:
     """``head_output(resid, W_pos, W_Q, W_K, W_V, W_O)`` -> ``[batch, pos, d_model]``, against the
     head's output in the model's cache (layer 0 and layer 1 heads, shipped and random)."""
@@ -148,6 +150,7 @@ def _logits_every_layer_reads_embedding(model, tokens):
     return (emb + sum(_head_sum(model, b, emb) for b in model.blocks)) @ model.W_U
 
 
+@guarded
 def check_model_logits(model_logits) -> bool:
     """``model_logits(model, tokens)`` -> ``[batch, pos, d_vocab]``, against the forward pass."""
     text = _text(2, 20)
@@ -189,6 +192,7 @@ def _loss_variant(logits, tokens, shift=1, reduce="mean", log=True):
     return float(nll.sum() if reduce == "sum" else nll.mean())
 
 
+@guarded
 def check_next_token_loss(next_token_loss) -> bool:
     """``next_token_loss(logits, tokens)`` -> the mean next-token cross-entropy in nats (a float or
     a 0-dimensional tensor), against :func:`attncircuits.loss_fn`."""

@@ -19,7 +19,7 @@ from ..circuits.bigrams import (
     weighted_pearson,
 )
 from ..pretrained import load_validation_tokens
-from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, Method, guarded, random_model, random_tokens, run_check, shipped
 
 __all__ = ["check_bigram_table", "check_bigram_counts", "check_bigram_kl", "check_bigram_correlation"]
 
@@ -30,6 +30,7 @@ def _product(case):
     return model.W_E @ model.W_U
 
 
+@guarded
 def check_bigram_table(bigram_table) -> bool:
     """``bigram_table(model)`` -> ``log p(b | a)`` from ``W_E`` and ``W_U``, ``[d_vocab, d_vocab]``."""
     cases = [
@@ -59,6 +60,7 @@ def _pairs(tokens, d_vocab, gap=1, drop_last=False):
     return torch.bincount(a * d_vocab + b, minlength=d_vocab * d_vocab).view(d_vocab, d_vocab)
 
 
+@guarded
 def check_bigram_counts(bigram_counts) -> bool:
     """``bigram_counts(tokens, d_vocab)`` -> integer counts ``C[a, b]`` (``b`` right after ``a``)."""
     val = load_validation_tokens()[:20_000]
@@ -71,8 +73,14 @@ def check_bigram_counts(bigram_counts) -> bool:
         Diagnosis("counted pairs two tokens apart; a bigram is two neighbours", lambda e, c: _pairs(*c.args, gap=2)),
         Diagnosis("the last pair is missing", lambda e, c: _pairs(*c.args, drop_last=True)),
     ]
+    loop = Method(
+        "a Python loop over the tokens (more than 5,000 lines of Python run for 20,000 tokens); count all pairs "
+        "at once: torch.bincount of a * d_vocab + b",
+        max_lines=5_000,
+    )
     return run_check(
-        bigram_counts, cases, count_bigrams, mistakes, slow_hint="count all pairs at once: torch.bincount of a * d_vocab + b"
+        bigram_counts, cases, count_bigrams, mistakes, method=loop,
+        slow_hint="count all pairs at once: torch.bincount of a * d_vocab + b",
     )
 
 
@@ -94,6 +102,7 @@ def _seen(counts):
     return counts.sum(-1) > 0
 
 
+@guarded
 def check_bigram_kl(bigram_kl) -> bool:
     """``bigram_kl(log_probs, counts)`` -> the frequency-weighted mean over current tokens ``a`` of
     ``KL(p_counts(. | a) || p_table(. | a))``, in nats (a float)."""
@@ -127,6 +136,7 @@ def _pearson_variant(log_probs, counts, weighted=True, log=True):
     return weighted_pearson(x, y, n if weighted else torch.ones_like(n))
 
 
+@guarded
 def check_bigram_correlation(bigram_correlation) -> bool:
     """``bigram_correlation(log_probs, counts)`` -> the Pearson correlation of ``log p(b | a)`` from
     the table and from the counts, over the observed bigrams, each weighted by its count."""

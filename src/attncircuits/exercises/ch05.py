@@ -18,7 +18,7 @@ from .. import circuits
 from ..circuits.composition import random_composition_scores
 from ..model import AttnOnlyTransformer
 from ..pretrained import validation_windows
-from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, other_heads, random_model, random_tokens, run_check, shipped
 
 __all__ = [
     "check_composition_score",
@@ -48,6 +48,7 @@ def _two_layer() -> AttnOnlyTransformer:
 
 
 # ---- 5.1 the composition score of two matrices ---------------------------------------------------
+@guarded
 def check_composition_score(fn) -> bool:
     """``composition_score(first, second) -> float``: ``‖first @ second‖_F / (‖first‖_F ‖second‖_F)``."""
     g = torch.Generator().manual_seed(0)
@@ -91,14 +92,15 @@ def _k_score(model, writer, reader):
     return circuits.composition_score(model, "k", (0, writer), (1, reader))
 
 
+@guarded
 def check_k_composition_score(fn) -> bool:
     """``k_composition_score(model, writer, reader) -> float``: how much layer-1 head ``reader``
     reads, through its key, what layer-0 head ``writer`` writes."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
     cases = [
-        Case("a random 2-layer model, 0.1 -> 1.2", (rnd, 1, 2), kind="random"),
-        Case("attn-only-2l, 0.2 -> 1.1", (m2, 2, 1)),
-        Case("attn-only-2l, 0.0 -> 1.3", (m2, 0, 3)),
+        Case("a random 2-layer model, 0.1 -> 1.2", (rnd, 1, 2), kind="random", others=other_heads((rnd, 1, 2), 2, 4, "reader 1.{}")),
+        Case("attn-only-2l, 0.2 -> 1.1", (m2, 2, 1), others=other_heads((m2, 2, 1), 2, 4, "reader 1.{}")),
+        Case("attn-only-2l, 0.0 -> 1.3", (m2, 0, 3), others=other_heads((m2, 0, 3), 2, 4, "reader 1.{}")),
     ]
     return run_check(
         fn,
@@ -130,35 +132,70 @@ def check_k_composition_score(fn) -> bool:
 
 
 # ---- 5.3 the random baseline ---------------------------------------------------------------------
+def _variant_scores(d_model: int, d_head: int, n: int, how: str, seed: int = 99) -> Tensor:
+    """Scores of ``n`` random pairs drawn one usual wrong way: ``full`` (full-rank matrices),
+    ``same`` (one matrix as writer and reader) or ``uniform`` (torch.rand factors)."""
+    g = torch.Generator().manual_seed(seed)
+    draw = (lambda *sh: torch.rand(*sh, generator=g)) if how == "uniform" else (lambda *sh: torch.randn(*sh, generator=g))
+
+    def mat():
+        if how == "full":
+            return draw(n, d_model, d_model)
+        return draw(n, d_model, d_head) @ draw(n, d_head, d_model)
+
+    first = mat()
+    second = first if how == "same" else mat()
+    norm = torch.linalg.matrix_norm
+    return (norm(first @ second) / (norm(first) * norm(second))).double()
+
+
+_BASELINE_MISTAKES = {
+    "full": "your matrices are full rank: each must be a rank-d_head product, [d_model, d_head] @ [d_head, d_model]",
+    "same": "the writer and the reader are the same matrix: draw two independent matrices for every sample",
+    "uniform": "your factors come from torch.rand (uniform in [0, 1), all positive): draw centred Gaussian "
+               "entries with torch.randn",
+}
+
+
+def _agree(mean, std, ref: Tensor, n: int) -> bool:
+    """Whether ``n`` samples with this mean and standard deviation could come from ``ref``'s
+    distribution (within 5 standard errors, plus 3% for the mean and 25% for the spread)."""
+    ref_mean, ref_std = float(ref.mean()), float(ref.std())
+    mean_ok = abs(mean - ref_mean) <= 5 * ref_std / math.sqrt(n) + 0.03 * ref_mean
+    std_ok = abs(std - ref_std) <= ref_std * (5 / math.sqrt(2 * n) + 0.25)
+    return mean_ok and std_ok
+
+
 def _compare_baseline(got, expected, case) -> str | None:
     if not isinstance(got, Tensor):
         return f"return a tensor of the scores, got a {type(got).__name__}"
-    n = case.args[2]
+    d_model, d_head, n = case.args[:3]
     if tuple(got.shape) != (n,):
         return f"return one score per sample, shape [{n}]; got {list(got.shape)}"
-    got = got.double()
+    got = got.detach().double()
     if not torch.isfinite(got).all():
-        return "some scores are NaN or infinite"
+        bad = int((~torch.isfinite(got)).sum())
+        return f"{bad} of your {n} scores are NaN or infinite (a division by a zero norm?)"
     mean, std = float(got.mean()), float(got.std())
-    ref_mean, ref_std = float(expected.mean()), float(expected.std())
     if std < 1e-6:
         return "all your samples have the same score: draw new random matrices for every sample"
+    if _agree(mean, std, expected.double(), n):
+        return None
+    for how, message in _BASELINE_MISTAKES.items():  # said only when the scores look like that mistake's
+        if _agree(mean, std, _variant_scores(d_model, d_head, 1000, how), n):
+            return message
     if mean > 1 + 1e-4:
         return f"scores above 1 (mean {mean:.3g}): divide by the two Frobenius norms"
-    if mean > 2 * ref_mean:
-        return (
-            f"mean {mean:.3f}, expected about {ref_mean:.3f} (≈ 1/sqrt(d_model)): draw centred "
-            "(mean-zero) Gaussian entries, torch.randn, not torch.rand"
-        )
-    tol = 5 * ref_std / math.sqrt(n) + 0.05 * ref_mean
-    if abs(mean - ref_mean) > tol:
-        return f"your mean is {mean:.4f}, the reference's {ref_mean:.4f} (± {tol:.4f})"
-    return None
+    ref_mean, ref_std = float(expected.mean()), float(expected.std())
+    return (f"your scores' mean is {mean:.4f} and spread (std) {std:.4f}; the baseline's are {ref_mean:.4f} and "
+            f"{ref_std:.4f}: draw each matrix as the product of two Gaussian factors")
 
 
+@guarded
 def check_random_composition_scores(fn) -> bool:
     """``random_composition_scores(d_model, d_head, n_samples, seed) -> Tensor [n_samples]``:
-    compared by their mean and spread (they are random) with the reference's."""
+    compared by their mean and their spread (they are random) with the reference's, and with
+    those of the usual wrong draws (full rank, one matrix twice, torch.rand)."""
     cases = [
         Case("d_model=32, d_head=4, 400 samples", (32, 4, 400, 1), kind="random"),
         Case("d_model=64, d_head=16, 200 samples", (64, 16, 200, 2), kind="random"),
@@ -173,11 +210,14 @@ def _virtual_ov(model, writer, reader):
     return circuits.virtual_ov_circuit(model, writer, reader).dense()
 
 
+@guarded
 def check_virtual_ov(fn) -> bool:
     """``virtual_ov(model, writer, reader) -> Tensor [d_vocab, d_vocab]``: ``W_E W_OV^{0,w} W_OV^{1,r} W_U``."""
     cases = [
-        Case("a random 2-layer model, 1.2∘0.1", (_two_layer(), 1, 2), kind="random"),
-        Case("attn-only-2l, 1.1∘0.2", (shipped("attn-only-2l").model, 2, 1)),
+        Case("a random 2-layer model, 1.2∘0.1", (rnd := _two_layer(), 1, 2), kind="random",
+             others=other_heads((rnd, 1, 2), 1, 4, "writer 0.{}")),
+        Case("attn-only-2l, 1.1∘0.2", (m2 := shipped("attn-only-2l").model, 2, 1),
+             others=other_heads((m2, 2, 1), 1, 4, "writer 0.{}")),
     ]
 
     def wrong_order(e, c):
@@ -208,6 +248,7 @@ def _first_order(model, tokens):
     return circuits.term_importance(model, tokens).first_order
 
 
+@guarded
 def check_first_order_loss(fn) -> bool:
     """``first_order_loss(model, tokens) -> float``: the loss of the direct path plus every
     single-head term, all attention patterns frozen, no virtual heads."""

@@ -18,10 +18,10 @@ from torch import Tensor
 from .. import handbuilt, losses, scores
 from ..circuits.copying import ov_copying_accuracy
 from ..losses import mean_ablation
-from ..model import AttnOnlyTransformer
+from ..model import AttnOnlyConfig, AttnOnlyTransformer
 from ..pretrained import validation_windows
 from ..scores import induction_heads, qk_score_terms
-from ._core import Case, Diagnosis, random_model, run_check, shipped
+from ._core import Case, Diagnosis, guarded, other_heads, random_model, run_check, shipped
 
 __all__ = [
     "check_ablated_loss",
@@ -56,6 +56,7 @@ def _prev(pattern, offset=-1):
     return pattern.diagonal(offset=offset, dim1=-2, dim2=-1).mean((0, 2))
 
 
+@guarded
 def check_previous_token_score(fn) -> bool:
     """``previous_token_score(pattern [batch, head, q, k]) -> Tensor [head]``."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
@@ -96,6 +97,7 @@ def _duplicate(pattern, tokens, seq_len):
     return einsum(pattern, same.to(pattern.dtype), "b h q k, b q k -> b h q")[:, :, 1 + seq_len :].mean((0, 2))
 
 
+@guarded
 def check_prefix_matching_score(fn) -> bool:
     """``prefix_matching_score(pattern, tokens, seq_len) -> Tensor [head]`` on ``[EOT]`` + copies."""
     cases = []
@@ -122,6 +124,21 @@ def check_prefix_matching_score(fn) -> bool:
 
 
 # ---- 6.3 find the induction heads of any model ----------------------------------------------------
+def _deeper(model: AttnOnlyTransformer) -> AttnOnlyTransformer:
+    """``model`` with an empty layer inserted after layer 0 (its heads write nothing and attend
+    uniformly): the same circuit, so its induction heads are the same heads, now in layer 2."""
+    cfg = AttnOnlyConfig(**{**model.cfg.to_dict(), "n_layers": model.cfg.n_layers + 1})
+    deep = AttnOnlyTransformer(cfg).eval()
+    with torch.no_grad():
+        deep.W_E.copy_(model.W_E)
+        deep.W_U.copy_(model.W_U)
+        for name, _ in deep.blocks[1].named_parameters():
+            getattr(deep.blocks[1], name).zero_()
+        for new, old in ((0, 0), *((i + 1, i) for i in range(1, model.cfg.n_layers))):
+            deep.blocks[new].load_state_dict(model.blocks[old].state_dict())
+    return deep
+
+
 def _compare_heads(got, expected, case) -> str | None:
     try:
         got_list = sorted((int(l), int(h)) for l, h in got)
@@ -129,18 +146,27 @@ def _compare_heads(got, expected, case) -> str | None:
         return f"return a list of (layer, head) pairs, got {got!r}"
     if got_list == sorted(expected):
         return None
+    if got_list == sorted((h, l) for l, h in expected):
+        return f"you returned (head, layer) pairs {got_list}: each pair is (layer, head)"
+    if any(l > 1 for l, _ in expected) and all(l == 1 for l, _ in got_list):
+        return (f"you looked only at layer 1 ({got_list}); this model's induction heads are in layer 2: "
+                "score every layer's heads")
     if any(l == 0 for l, _ in got_list) and not any(l == 0 for l, _ in expected):
         return f"you returned layer-0 heads {got_list}: score by prefix matching, not previous-token attention"
     return f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3)"
 
 
+@guarded
 def check_find_induction_heads(fn) -> bool:
-    """``find_induction_heads(model) -> list[(layer, head)]``, on four models."""
+    """``find_induction_heads(model) -> list[(layer, head)]``, on five models, one of them with its
+    induction heads in layer 2 (so that looking only at layer 1 does not pass)."""
     cases = [
         Case("attn-only-2l", (shipped("attn-only-2l").model,)),
         Case("attn-only-1l", (shipped("attn-only-1l").model,)),
         Case("a hand-built induction model", (handbuilt.induction_model(),), kind="hand-built"),
         Case("a random 2-layer model", (_two_layer(),), kind="random"),
+        Case("attn-only-2l with an empty layer inserted (its induction heads in layer 2)",
+             (_deeper(shipped("attn-only-2l").model),), kind="hand-built"),
     ]
     return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads", time_limit=30)
 
@@ -152,17 +178,22 @@ def _ablated(model, tokens, head, mode):
     return losses.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
 
 
+@guarded
 def check_ablated_loss(fn) -> bool:
     """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
     m = shipped("attn-only-2l").model
     toks = losses.repeated_tokens(m, 30, batch_size=2)
     rnd = _two_layer()
     rtoks = losses.repeated_tokens(rnd, 20, batch_size=2)
+    pairs = [(l, h) for l in range(2) for h in range(4)]
     cases = [
-        Case("attn-only-2l, head (0, 1), zero ablation", (m, toks, (0, 1), "zero")),
-        Case("attn-only-2l, head (1, 2), mean ablation", (m, toks, (1, 2), "mean")),
+        Case("attn-only-2l, head (0, 1), zero ablation", a := (m, toks, (0, 1), "zero"), others=other_heads(a, 2, pairs)),
+        Case("attn-only-2l, head (1, 2), mean ablation", b := (m, toks, (1, 2), "mean"), others=other_heads(b, 2, pairs)),
+        Case("a random 2-layer model, head (0, 3), mean ablation", (rnd, rtoks, (0, 3), "mean"), kind="random"),
     ]
-    cases.append(Case("a random 2-layer model, head (0, 3), mean ablation", (rnd, rtoks, (0, 3), "mean"), kind="random"))
+
+    def clean(e, c):
+        return losses.per_token_loss(c.args[0], c.args[1]).mean().item()
 
     def other_mode(e, c):
         m, t, h, mode = c.args
@@ -190,6 +221,8 @@ def check_ablated_loss(fn) -> bool:
         [
             Diagnosis("that is the other ablation: mode='zero' zeroes the output, 'mean' puts its mean in", other_mode),
             Diagnosis("return the ablated loss itself, not its increase over the clean loss", increase),
+            Diagnosis("that is the clean loss, with no ablation: pass ablate={(layer, head): value} to the model",
+                      clean),
             Diagnosis("you ablated the head with layer and head swapped: a head is (layer, head)", swapped),
             Diagnosis("you averaged over the batch only: average the output over positions too, to one [d_model] vector",
                       per_position_mean),
@@ -206,13 +239,17 @@ def _causal(x: Tensor) -> Tensor:
     return x[..., torch.ones(n, n, dtype=torch.bool).tril()]
 
 
+@guarded
 def check_qk_score_terms(fn) -> bool:
     """``qk_score_terms(model, tokens, head) -> Tensor [q_source, k_source, batch, q, k]`` with the
-    sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only."""
+    sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only (the masked
+    entries may hold anything: the scores, 0, -inf or NaN)."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    ra = (rnd, losses.repeated_tokens(rnd, 10, batch_size=2), 1)
+    sa = (m2, losses.repeated_tokens(m2, 10, batch_size=2), 1)
     cases = [
-        Case("a random 2-layer model, head 1.1", (rnd, losses.repeated_tokens(rnd, 10, batch_size=2), 1), kind="random"),
-        Case("attn-only-2l, head 1.1", (m2, losses.repeated_tokens(m2, 10, batch_size=2), 1)),
+        Case("a random 2-layer model, head 1.1", ra, kind="random", others=other_heads(ra, 2, 4, "head 1.{}")),
+        Case("attn-only-2l, head 1.1", sa, others=other_heads(sa, 2, 4, "head 1.{}")),
     ]
     return run_check(
         fn,
@@ -233,6 +270,7 @@ def check_qk_score_terms(fn) -> bool:
 
 
 # ---- 6.6 the induction heads' OV circuit: does it copy? -------------------------------------------
+@guarded
 def check_copying_accuracy(fn) -> bool:
     """``copying_accuracy(model, heads) -> float``: top-1 "copies itself" of the summed OV circuit."""
     m2, rnd = shipped("attn-only-2l").model, _two_layer()
@@ -244,6 +282,10 @@ def check_copying_accuracy(fn) -> bool:
     def averaged(e, c):
         m, heads = c.args
         return sum(ov_copying_accuracy(m, [h]) for h in heads) / len(heads) if len(heads) > 1 else None
+
+    def first_only(e, c):
+        m, heads = c.args
+        return ov_copying_accuracy(m, heads[:1]) if len(heads) > 1 else None
 
     def by_column(e, c):
         m, heads = c.args
@@ -257,6 +299,8 @@ def check_copying_accuracy(fn) -> bool:
         [
             Diagnosis("you averaged each head's accuracy: sum the heads' OV circuits first, then take the argmax",
                       averaged),
+            Diagnosis("that is the first head's accuracy alone: sum the OV circuits of all the heads given",
+                      first_only),
             Diagnosis("you took the argmax down each column: a row is one source token, take the argmax along it",
                       by_column),
         ],

@@ -13,7 +13,7 @@ import torch
 from .. import losses, smeared
 from ..pretrained import validation_windows
 from ..scores import logit_attribution
-from ._core import Case, Diagnosis, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, random_tokens, run_check, shipped
 
 __all__ = [
     "check_copy_losses",
@@ -32,6 +32,7 @@ def _copy_means(loss, seq_len, n_repeats):
 
 
 # ---- 7.1 the in-context-learning score ------------------------------------------------------------
+@guarded
 def check_icl_score(fn) -> bool:
     """``icl_score(nll [batch, target], late, early) -> float`` (``nll[:, t]`` is the loss of token ``t + 1``)."""
     m1 = shipped("attn-only-1l").model
@@ -55,6 +56,7 @@ def check_icl_score(fn) -> bool:
 
 
 # ---- 7.2 loss per copy ----------------------------------------------------------------------------
+@guarded
 def check_copy_losses(fn) -> bool:
     """``copy_losses(loss [target], seq_len, n_repeats) -> list[float]``: the mean loss of each copy,
     its first target left out."""
@@ -81,6 +83,8 @@ def check_copy_losses(fn) -> bool:
         [
             Diagnosis("you kept each copy's first target: nothing before it predicts it, leave it out", with_first),
             Diagnosis("off by one position: entry t of the loss predicts token t + 1, and token 0 is [EOT]", shifted),
+            Diagnosis("the copies are in reverse order: the first item is the first copy's mean",
+                      lambda e, c: list(e)[::-1]),
         ],
         name="copy_losses",
         atol=1e-5,
@@ -88,6 +92,7 @@ def check_copy_losses(fn) -> bool:
 
 
 # ---- 7.3 smeared keys -----------------------------------------------------------------------------
+@guarded
 def check_smear_scores(fn) -> bool:
     """``smear_scores(scores [batch, head, q, k], weight [head]) -> same shape``."""
     m1 = shipped("attn-only-1l").model
@@ -119,6 +124,8 @@ def check_smear_scores(fn) -> bool:
             Diagnosis("the weights are swapped: σ(α) goes with the key's own score, 1 - σ(α) with the previous key's",
                       swapped),
             Diagnosis("you mixed in the *next* key (j + 1); the smeared key mixes in key j - 1", next_key),
+            Diagnosis("the scores are not smeared (returned unchanged): mix each key's score with the previous key's",
+                      lambda e, c: c.args[0]),
         ],
         name="smear_scores",
         atol=1e-4,
@@ -126,6 +133,7 @@ def check_smear_scores(fn) -> bool:
 
 
 # ---- 7.4 per-head direct logit attribution --------------------------------------------------------
+@guarded
 def check_logit_attribution(fn) -> bool:
     """``logit_attribution(model, tokens) -> Tensor [batch, pos - 1, 1 + n_layers * n_heads]``."""
     m2, rnd = shipped("attn-only-2l").model, random_model(n_layers=2, seed=4)
@@ -145,7 +153,11 @@ def check_logit_attribution(fn) -> bool:
         fn,
         cases,
         logit_attribution,
-        [Diagnosis("off by one: attribute the logit of the *next* token, tokens[:, 1:]", current_token)],
+        [
+            Diagnosis("off by one: attribute the logit of the *next* token, tokens[:, 1:]", current_token),
+            Diagnosis("the direct path's term (term 0) is missing: W_E[tokens] @ W_U, read at the next token",
+                      lambda e, c: torch.cat([torch.zeros_like(e[..., :1]), e[..., 1:]], -1)),
+        ],
         name="logit_attribution",
         time_limit=30,
         atol=1e-3,

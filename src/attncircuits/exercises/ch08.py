@@ -15,7 +15,7 @@ from .. import handbuilt, losses, scores
 from ..circuits import mean_attention_by_offset
 from ..handbuilt import Layout
 from ..scores import two_back_accuracy
-from ._core import Case, random_tokens, run_check
+from ._core import Case, guarded, random_tokens, run_check
 
 __all__ = [
     "PREFIX_TARGET",
@@ -48,22 +48,54 @@ def _blocks_read(W: Tensor, layout: Layout) -> list[str]:
 
 
 # ---- 8.1 a previous-token head from the sinusoids -------------------------------------------------
+def _prev_score(layout: Layout, W_Q: Tensor, W_K: Tensor) -> tuple[float, Tensor]:
+    """The previous-token score of a one-head model with these weights, and its attention by offset."""
+    model = handbuilt.empty_model(layout, 1)
+    handbuilt.set_head(model, 0, W_Q=W_Q, W_K=W_K)
+    toks = _tokens(layout)
+    _, cache = model.run_with_cache(toks)
+    score = float(scores.previous_token_scores(model, toks)[0, 0])
+    return score, mean_attention_by_offset(cache.pattern[0], max_offset=4)[0]
+
+
+def _scale_reaches(score_of, target: float) -> float | None:
+    """The smallest factor in 2, 4, ..., 1024 by which scaling W_Q reaches ``target``; None when
+    none does (then "scale up" would be wrong advice)."""
+    for c in (2.0**k for k in range(1, 11)):
+        if score_of(c) >= target:
+            return c
+    return None
+
+
+def _pairs_read(W: Tensor, layout: Layout) -> int:
+    """How many of the layout's sinusoid pairs ``W`` reads (rows not all zero)."""
+    rows = W[layout.pos].abs().amax(-1).view(-1, 2).amax(-1)
+    return int((rows > 1e-6).sum())
+
+
 def _compare_prev(got, expected, case) -> str | None:
-    layout = Layout()
+    layout: Layout = expected
     pair = _pair(got, "W_Q, W_K")
     if isinstance(pair, str):
         return pair
-    model = handbuilt.empty_model(layout, 1)
+    W_Q, W_K = pair
     try:
-        handbuilt.set_head(model, 0, W_Q=pair[0], W_K=pair[1])
+        score, by_offset = _prev_score(layout, W_Q, W_K)
     except ValueError as err:
-        return str(err)
-    toks = _tokens(layout)
-    score = float(scores.previous_token_scores(model, toks)[0, 0])
+        return f"{err} (this case's layout has d_model {layout.d_model}: read the sizes from the arguments)"
     if score >= PREV_TARGET:
         return None
-    _, cache = model.run_with_cache(toks)
-    by_offset = mean_attention_by_offset(cache.pattern[0], max_offset=4)[0]
+    for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+        if float(W.abs().max()) == 0:
+            return f"{name} is all zeros: every score is 0 and the head attends uniformly"
+    if _prev_score(layout, -W_Q, W_K)[0] >= PREV_TARGET:
+        return (f"previous-token score {score:.2f}: the sign is flipped (-W_Q would work); the query and "
+                "the key of the previous position must point the same way")
+    n_q, n_k = _pairs_read(W_Q, layout), _pairs_read(W_K, layout)
+    if min(n_q, n_k) < layout.n_pos_pairs // 2:
+        return (f"previous-token score {score:.2f}: your weights read only {min(n_q, n_k)} of the "
+                f"{layout.n_pos_pairs} sinusoid pairs; one pair repeats with its period, so far positions "
+                "look like the previous one: use every pair")
     peak = int(by_offset.argmax())
     if peak != 1:
         where = "the token itself" if peak == 0 else f"{peak} tokens back"
@@ -71,16 +103,23 @@ def _compare_prev(got, expected, case) -> str | None:
             f"previous-token score {score:.2f}: the head looks mostly at {where}. Rotate the query's "
             "(sin, cos) pairs back by one position's angle, w, leave the key as it is"
         )
-    return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up"
+    c = _scale_reaches(lambda c: _prev_score(layout, c * W_Q, W_K)[0], PREV_TARGET)
+    if c is not None:
+        return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up ({c:g}x is enough)"
+    return (f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is at the previous token, but even "
+            "1024 times W_Q does not make it sharp: other positions score almost as high")
 
 
+@guarded
 def check_previous_token_qk(fn) -> bool:
     """``previous_token_qk(W_pos, n_pairs, d_head) -> (W_Q, W_K)``, each ``[d_model, d_head]``:
-    judged by the previous-token score (>= 0.95) of a one-head model that uses them."""
-    layout = Layout()
-    W_pos = handbuilt.empty_model(layout, 1).W_pos
-    cases = [Case("the chapter's layout: 16 sinusoid pairs, d_head 128", (W_pos, layout.n_pos_pairs, layout.d_head),
-                  kind="hand-built", expected=PREV_TARGET)]
+    judged by the previous-token score (>= 0.95) of a one-head model that uses them, on the
+    chapter's layout and on a smaller one (so that sizes read from the chapter do not pass)."""
+    cases = []
+    for label, layout in (("the chapter's layout: 16 sinusoid pairs, d_head 128", Layout()),
+                          ("a layout with 64 tokens and 12 sinusoid pairs", Layout(d_vocab=64, n_pos_pairs=12))):
+        W_pos = handbuilt.empty_model(layout, 1).W_pos
+        cases.append(Case(label, (W_pos, layout.n_pos_pairs, layout.d_head), kind="hand-built", expected=layout))
     return run_check(fn, cases, compare=_compare_prev, name="previous_token_qk")
 
 
@@ -99,6 +138,8 @@ def _compare_copy(got, expected, case) -> str | None:
         return f"W_V @ W_O has shape {list(ov.shape)}, expected {list(want.shape)} ([d_model, d_model])"
     if torch.allclose(ov, want, atol=1e-5):
         return None
+    if float(ov.abs().max()) == 0:
+        return "W_V @ W_O is all zeros: nothing is copied; it must be the identity from the source block to the destination"
     if torch.allclose(ov, want.T, atol=1e-5):
         return "W_V @ W_O copies dst into src: W_V reads the source block, W_O writes the destination"
     c = float((ov * want).sum() / (want * want).sum())
@@ -107,6 +148,7 @@ def _compare_copy(got, expected, case) -> str | None:
     return "W_V @ W_O must be the identity from the source block to the destination block and zero elsewhere"
 
 
+@guarded
 def check_copy_ov(fn) -> bool:
     """``copy_ov(d_model, d_head, src, dst) -> (W_V, W_O)``: judged by ``W_V @ W_O`` (the factors
     are unique only up to a change of basis inside the head)."""
@@ -125,7 +167,13 @@ def _compare_two_back(got, expected, case) -> str | None:
         return f"return the model (an AttnOnlyTransformer), got a {type(got).__name__}"
     if got.cfg.n_layers != 2:
         return f"the virtual head needs two layers, your model has {got.cfg.n_layers}"
-    toks = _tokens(case.args[0])
+    layout: Layout = case.args[0]
+    for field in ("d_vocab", "n_ctx", "d_model"):
+        mine, want = getattr(got.cfg, field, None), getattr(layout.config(2), field)
+        if mine != want:
+            return (f"your model's {field} is {mine}, this case's layout has {want}: build the model from the "
+                    "layout passed in (hb.empty_model(layout, 2)), not from the chapter's")
+    toks = _tokens(layout)
     acc = {k: two_back_accuracy(got, toks, k) for k in (1, 2)}
     if acc[2] >= 0.99:
         return None
@@ -140,6 +188,7 @@ def _compare_two_back(got, expected, case) -> str | None:
     return f"the token two back is the top prediction at only {acc[2]:.0%} of positions (need 99%)"
 
 
+@guarded
 def check_two_back_model(fn) -> bool:
     """``build_two_back(layout) -> AttnOnlyTransformer``: the top prediction at position ``i``
     must be the token at ``i - 2`` (>= 99% of positions, random tokens)."""
@@ -160,11 +209,23 @@ def _compare_induction(got, expected, case) -> str | None:
     try:
         handbuilt.set_head(model, 1, W_Q=pair[0], W_K=pair[1])
     except ValueError as err:
-        return str(err)
+        return f"{err} (this case's layout has d_model {layout.d_model}: read the sizes from the layout passed in)"
     pm = float(scores.prefix_matching_scores(model, batch_size=8)[1, 0])
     loss = losses.repeated_token_loss(model, batch_size=8)
     if pm >= PREFIX_TARGET and loss.second < 0.5 * loss.first:
         return None
+
+    def pm_with(W_Q):
+        m = handbuilt.induction_model(layout)
+        handbuilt.set_head(m, 1, W_Q=W_Q, W_K=pair[1])
+        return float(scores.prefix_matching_scores(m, batch_size=8)[1, 0])
+
+    for name, W in (("W_Q", pair[0]), ("W_K", pair[1])):
+        if float(W.abs().max()) == 0:
+            return f"{name} is all zeros: every score is 0 and the head attends uniformly"
+    if pm_with(-pair[0]) >= PREFIX_TARGET:
+        return (f"prefix-matching score {pm:.2f}: the sign is flipped (-W_Q would work), so the head "
+                "avoids the token after an earlier copy instead of seeking it")
     q_reads, k_reads = _blocks_read(pair[0], layout), _blocks_read(pair[1], layout)
     if "prev" in q_reads and "token" not in q_reads:
         return "W_Q reads the prev block: the query asks about the current token (token block)"
@@ -174,13 +235,20 @@ def _compare_induction(got, expected, case) -> str | None:
             "after them. The key must read the prev block (K-composition)"
         )
     if "token" in q_reads and "prev" in k_reads:
-        return f"prefix-matching score {pm:.2f} < {PREFIX_TARGET}: the right keys win but too softly; scale up"
+        c = _scale_reaches(lambda c: pm_with(c * pair[0]), PREFIX_TARGET)
+        if c is not None:
+            return f"prefix-matching score {pm:.2f} < {PREFIX_TARGET}: the right keys win but too softly; scale W_Q up ({c:g}x is enough)"
+        return (f"prefix-matching score {pm:.2f}: W_Q reads the token block and W_K the prev block, but no scale "
+                "makes the right key win: match each token with itself (the identity between the two blocks)")
     return f"prefix-matching score {pm:.2f} (need {PREFIX_TARGET}); W_Q reads {q_reads}, W_K reads {k_reads}"
 
 
+@guarded
 def check_induction_qk(fn) -> bool:
     """``induction_qk(layout) -> (W_Q, W_K)`` of the layer-1 head, each ``[d_model, d_head]``:
     judged by the prefix-matching score (>= 0.95) and the loss on repeated random tokens of the
-    induction model that uses them."""
-    cases = [Case("the chapter's layout", (Layout(),), kind="hand-built", expected=PREFIX_TARGET)]
+    induction model that uses them, on the chapter's layout and on a smaller one."""
+    cases = [Case("the chapter's layout", (Layout(),), kind="hand-built", expected=PREFIX_TARGET),
+             Case("a layout with 64 tokens and 12 sinusoid pairs", (Layout(d_vocab=64, n_pos_pairs=12),),
+                  kind="hand-built", expected=PREFIX_TARGET)]
     return run_check(fn, cases, compare=_compare_induction, name="induction_qk", time_limit=30)

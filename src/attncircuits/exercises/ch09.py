@@ -15,9 +15,9 @@ from .. import losses
 from ..circuits.factored import full_ov_circuit
 from ..circuits.copying import eigen_copying_score
 from ..interop import from_transformer_lens, induction_stripe_scores, to_transformer_lens, zero_head_hook
-from ._core import Case, Diagnosis, random_model, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, run_check, shipped
 
-__all__ = ["check_induction_stripe_scores", "check_ov_copying_scores", "check_zero_head_hook"]
+__all__ = ["check_induction_stripe_scores", "check_ov_copying_scores", "check_zero_ablated_loss"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,6 +30,7 @@ def _patterns(n_layers: int) -> tuple[torch.Tensor, int]:
     return cache.pattern[-1], seq_len
 
 
+@guarded
 def check_induction_stripe_scores(fn) -> bool:
     """Exercise 9.1: ``fn(pattern, seq_len) -> [head]``."""
     cases = []
@@ -64,30 +65,59 @@ def check_induction_stripe_scores(fn) -> bool:
     )
 
 
-def check_zero_head_hook(fn) -> bool:
-    """Exercise 9.2: ``fn(z, hook, head) -> z`` with head ``head`` zeroed."""
-    gen = torch.Generator().manual_seed(0)
+def _zero_ablated_loss(tl_model, tokens, layer: int, head: int, where: str = "head") -> torch.Tensor:
+    """The loss of each next token, ``[batch, pos - 1]``, with head ``layer.head`` zero-ablated by a
+    hook on ``blocks.{layer}.attn.hook_z`` (``where="pos"``: the usual slip, position ``head`` zeroed)."""
+
+    def hook(z, hook):
+        if where == "pos":
+            z[:, head] = 0.0
+        else:
+            zero_head_hook(z, hook, head)
+
+    return tl_model.run_with_hooks(tokens, return_type="loss", loss_per_token=True,
+                                   fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)])
+
+
+@functools.lru_cache(maxsize=None)
+def _tl(which: str):
+    model = shipped("attn-only-2l").model if which == "shipped" else random_model(n_layers=2, seed=7, n_ctx=64)
+    return to_transformer_lens(model)
+
+
+@guarded
+def check_zero_ablated_loss(fn) -> bool:
+    """Exercise 9.2: ``fn(tl_model, tokens, layer, head) -> [batch, pos - 1]``, the loss of each next
+    token with a hook that zeroes head ``layer.head``'s ``z``, wired by the learner with
+    ``run_with_hooks``. A hook that edits ``z`` in place and returns nothing is as right as one that
+    returns it (TransformerLens keeps the edited tensor either way)."""
+    tl2, rnd = _tl("shipped"), _tl("random")
+    rep = losses.repeated_tokens(shipped("attn-only-2l").model, 20, batch_size=2)
+    pairs = [(l, h) for l in range(2) for h in range(4)]
+
+    def others(args):
+        return lambda: [(f"head {l}.{h}", (args[0], args[1], l, h)) for l, h in pairs if (l, h) != args[2:]]
+
+    a1, a2 = (tl2, rep, 0, 1), (rnd, rep % rnd.cfg.d_vocab, 1, 2)
     cases = [
-        Case("z of shape [2, 5, 4, 8], head 1", (torch.randn(2, 5, 4, 8, generator=gen), None, 1), kind="random"),
-        Case("z of shape [3, 7, 4, 32], head 3", (torch.randn(3, 7, 4, 32, generator=gen), None, 3), kind="random"),
+        Case("attn-only-2l in TransformerLens, head 0.1, repeated tokens", a1, others=others(a1)),
+        Case("a random 2-layer model in TransformerLens, head 1.2", a2, kind="random", others=others(a2)),
     ]
-
-    def reference(z, hook, head):
-        return zero_head_hook(z.clone(), hook, head)
-
-    def wrong_axis(expected, case):
-        z, _, head = case.args
-        out = z.clone()
-        out[:, head] = 0.0
-        return out
-
     return run_check(
         fn,
         cases,
-        reference=reference,
-        diagnoses=[Diagnosis("you zeroed a position; z is [batch, pos, head, d_head]: the head is axis 2", wrong_axis)],
-        atol=0.0,
-        rtol=0.0,
+        reference=_zero_ablated_loss,
+        diagnoses=[
+            Diagnosis("you zeroed a position; z is [batch, pos, head, d_head]: the head is axis 2",
+                      lambda e, c: _zero_ablated_loss(*c.args, where="pos")),
+            Diagnosis("that is the loss with no ablation: the hook did not run (fwd_hooks=[(name, hook)] with "
+                      "name 'blocks.{layer}.attn.hook_z')",
+                      lambda e, c: c.args[0](c.args[1], return_type="loss", loss_per_token=True)),
+            Diagnosis("that is the mean loss; return the loss of each next token (loss_per_token=True)",
+                      applies=lambda g, e, c: isinstance(g, (float, torch.Tensor)) and torch.as_tensor(g).numel() == 1),
+        ],
+        atol=1e-4,
+        rtol=1e-4,
     )
 
 
@@ -97,6 +127,7 @@ def _ours_copying(tl_model) -> torch.Tensor:
     return torch.stack(scores).float()
 
 
+@guarded
 def check_ov_copying_scores(fn) -> bool:
     """Exercise 9.3: ``fn(tl_model) -> [layer, head]`` from TransformerLens's FactoredMatrix."""
     cases = [

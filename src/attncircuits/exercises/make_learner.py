@@ -1,14 +1,15 @@
 """Generate the learner's notebooks from the solved chapters: ``python -m attncircuits.exercises.make_learner``.
 
-Every chapter ``notebooks/NN_*.ipynb`` with exercises (what the book shows, solutions collapsed) becomes
+Every chapter of ``_toc.yml`` (``notebooks/NN_*.ipynb``) with exercises (what the book shows, solutions collapsed) becomes
 ``notebooks/exercises/NN_*.ipynb`` (what a learner opens in Colab or Jupyter):
 
 - in each code cell tagged ``solution``, the lines from ``# BEGIN SOLUTION`` to ``# END SOLUTION``
   (inclusive) become one ``raise NotImplementedError(...)`` at the markers' indent, and the
   ``hide-input`` tag is dropped, so the stub shows; the function's signature and docstring stay;
 - a check written ``assert check_...(...)`` (so that the solved chapter fails its run when a
-  solution stops passing) loses its ``assert``: on a stub the check prints "not attempted yet"
-  and returns False, and the notebook runs on;
+  solution stops passing) becomes ``check_...(...);``: on a stub the check prints "not attempted
+  yet" and returns False, and the notebook runs on; the semicolon keeps Jupyter from printing
+  the returned ``True``/``False`` under the check's one line;
 - the "Open the exercises in Colab" cell says instead that this is the exercises version and
   links the solved chapter;
 - outputs and execution counts are stripped; hints, questions and every other cell are kept.
@@ -33,9 +34,17 @@ _CHECK_ASSERT = re.compile(r"^assert (check_\w+\(.*\))\s*$")
 _COLAB_LINK = re.compile(r"^\[Open the exercises in Colab\]\((https://colab\.research\.google\.com/github/[^)]*)\)")
 
 
-def chapter_notebooks(notebooks_dir: Path) -> list[Path]:
-    """The solved chapters: ``NN_*.ipynb`` directly in ``notebooks/``."""
-    return sorted(p for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+_TOC_CHAPTER = re.compile(r"^\s*-?\s*file:\s*(notebooks/[^\s#]+?)(?:\.ipynb)?\s*(?:#.*)?$")
+
+
+def chapters(root: Path) -> list[Path]:
+    """The solved chapters, ``notebooks/NN_*.ipynb``, in the order of ``root/_toc.yml``: the one list
+    of chapters that the book, this generator, the tests and the README's table follow."""
+    toc = Path(root) / "_toc.yml"
+    if not toc.is_file():
+        raise FileNotFoundError(f"{toc} is missing: the chapters are the notebooks/ entries of the book's _toc.yml")
+    names = [m.group(1) for line in toc.read_text(encoding="utf-8").splitlines() if (m := _TOC_CHAPTER.match(line))]
+    return [Path(root) / f"{name}.ipynb" for name in names]
 
 
 def _source(cell) -> str:
@@ -98,7 +107,7 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
                 raise ValueError(f"{where} has solution markers but no 'solution' tag")
             if LIVE_RUN in tags:  # the same cells run, asserted, in the solved notebook's test
                 cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), "nbval-skip"]
-            text = "\n".join(_CHECK_ASSERT.sub(r"\1", line) for line in text.split("\n"))
+            text = "\n".join(_CHECK_ASSERT.sub(r"\1;", line) for line in text.split("\n"))
             cell["source"] = _lines(text)
             cell["outputs"] = []
             cell["execution_count"] = None
@@ -143,7 +152,7 @@ def generate(root: Path) -> dict[Path, str]:
     """``{learner path: text}`` for every solved chapter under ``root/notebooks``."""
     notebooks = root / "notebooks"
     out = {}
-    for path in chapter_notebooks(notebooks):
+    for path in chapters(root):
         nb = json.loads(path.read_text(encoding="utf-8"))
         if not any("solution" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]):
             continue  # a chapter without exercises has no learner's version

@@ -49,8 +49,13 @@ def grouped_bars(
     title: str | None = None,
     ylabel: str = "",
     hline: float | None = None,
+    xlabel: str = "",
+    legend_below: bool = False,
 ) -> Figure:
-    """Bars per group (e.g. per head), one colour per series (e.g. from the weights vs measured)."""
+    """Bars per group (e.g. per head), one colour per series (e.g. from the weights vs measured).
+
+    ``legend_below`` puts the legend under the axes, in up to three columns, where it cannot cover
+    a bar (for many series)."""
     if not series:
         raise ValueError("pass at least one series: {name: values per group}")
     for name, vals in series.items():
@@ -65,6 +70,12 @@ def grouped_bars(
     ax.set_xticks(range(len(groups)), groups, fontsize=TICK_PT)
     ax.tick_params(axis="y", labelsize=TICK_PT)
     ax.set_ylabel(ylabel, fontsize=LABEL_PT)
-    ax.legend(fontsize=SMALL_PT + 0.5, ncols=2 if len(series) > 3 else 1)
+    if xlabel:
+        ax.set_xlabel(xlabel, fontsize=LABEL_PT)
+    if legend_below:
+        ax.legend(fontsize=SMALL_PT + 0.5, ncols=min(3, len(series)), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.2 if xlabel else -0.1), frameon=False)
+    else:
+        ax.legend(fontsize=SMALL_PT + 0.5, ncols=2 if len(series) > 3 else 1)
     set_title(ax, title)
     return ax.figure

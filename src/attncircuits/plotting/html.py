@@ -17,8 +17,18 @@ from jaxtyping import Float
 from ..data import visible
 from .base import numpy
 
-#: The tinted box around one token (inline style: no stylesheet needed).
-TOKEN_STYLE = "background:#eef1f5;border-radius:3px;padding:0 3px;white-space:pre;line-height:1.5"
+#: The outlined box around one token (inline style: no stylesheet needed). Its text and background
+#: colours are set together, from the book theme's variables where there are any (so the box follows
+#: the theme's light and dark modes) and otherwise dark on white (Jupyter, Colab).
+TOKEN_STYLE = (
+    "background:var(--pst-color-background,#fff);color:var(--pst-color-text-base,#24292f);"
+    "border:1px solid var(--pst-color-border,#d0d7de);border-radius:3px;padding:0 3px;"
+    "white-space:pre;line-height:1.5"
+)
+
+#: The class of every table here: pandas' class, which the book theme styles in both of its modes
+#: (heading, zebra rows, text colour); a table without it sits on a light box in dark mode.
+TABLE_CLASS = "dataframe"
 
 
 def _html(markup: str):
@@ -109,7 +119,7 @@ def html_table(
     is_token = [token_columns is None or c in token_columns for c in columns]
     th = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(_cell(x, t) for x, t in zip(r, is_token)) + "</tr>" for r in rows)
-    return _html(f"{title_html(title)}<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>")
+    return _html(f'{title_html(title)}<table class="{TABLE_CLASS}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>')
 
 
 def next_token_table_html(
@@ -130,7 +140,9 @@ def next_token_table_html(
             items = ", ".join(f"{token_html(t)}&nbsp;{p:.2f}" for t, p in col[i])
             cells.append(f"<td style='text-align:left'>{items}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return _html(f"{title_html(title)}<table><thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    return _html(
+        f'{title_html(title)}<table class="{TABLE_CLASS}"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
 
 
 def skip_trigram_table_html(rows: Sequence[Sequence], columns: Sequence[str], title: str | None = None):

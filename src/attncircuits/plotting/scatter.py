@@ -63,7 +63,7 @@ def eigenvalue_planes(
         raise ValueError(f"got {n} eigenvalue sets, {len(scores)} scores and {len(titles)} titles; pass one of each per head")
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
-    fig, axes = new_figure(nrows, ncols, figsize=(1.85 * ncols, 1.85 * nrows + 1.0))
+    fig, axes = new_figure(nrows, ncols, figsize=(2.3 * ncols, 2.3 * nrows + 1.0))
     for i, ax in enumerate(axes.flat):
         if i >= n:
             ax.axis("off")
@@ -78,8 +78,11 @@ def eigenvalue_planes(
         ax.set_yscale("symlog", linthresh=big / 20)
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ticks = [-big, 0.0, big]  # the outermost eigenvalue's size, so the log axes have a scale
+        labels = [f"{-big:.2g}", "0", f"{big:.2g}"]
+        ax.set_xticks(ticks, labels, fontsize=SMALL_PT)
+        ax.set_yticks(ticks, labels, fontsize=SMALL_PT)
+        ax.minorticks_off()
         ax.set_title(f"{titles[i]}: {float(scores[i]):+.2f}", fontsize=LABEL_PT)
         if highlight is not None and highlight[i]:
             for side in ax.spines.values():

@@ -12,11 +12,10 @@ Ctrl-C and ``--resume``) is in ``train_cli.py``; ``train/__main__.py`` runs it, 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,12 +24,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import data
+from .. import data, durable, validate
 from ..hooked import HookedConfig, build_model  # noqa: F401  (HookedConfig: a train() model_cfg type)
 from ..losses import in_context_learning_score, repeated_token_loss
 from ..model import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 from ..pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
 from ..scores import prefix_matching_scores, previous_token_scores
+from .presets import PRESETS  # noqa: F401  (the recipes, read as attncircuits.train.PRESETS)
 
 
 @dataclass
@@ -94,67 +94,6 @@ class TrainConfig:
 
 VALIDATION_SEED = 1  # the validation windows of every run's history, whatever its seed
 
-PRESETS: dict[str, tuple[dict, dict]] = {
-    # A zero-layer model sees only the current token, so repeated rows cannot help it and would
-    # only blur its bigram statistics: it trains on plain text, to be compared with the bigram table.
-    "attn-only-0l": ({"n_layers": 0}, {"repeat_frac": 0.0, "random_repeat_frac": 0.0}),
-    # The 1- and 2-layer models share one recipe, so they differ in nothing but depth.
-    "attn-only-1l": ({"n_layers": 1}, {}),
-    # Snapshots before, during and after the induction heads form (steps ~1,750-3,500).
-    "attn-only-2l": ({"n_layers": 2}, {"snapshot_steps": [0, 1000, 1500, 2000, 2500, 3000, 4000, 6000]}),
-    # Induction heads formed live in chapter 7 (attncircuits.live, which builds its token streams),
-    # in a few minutes at most on a 2-core CPU. Each choice against the shipped 2-layer recipe:
-    "attn-only-2l-live": (
-        {"n_layers": 2,
-         # the 255 most frequent BPE tokens and one id for all others (live.vocab_map): the
-         # unembedding is most of a step at 2048 ids; 256 makes a step ~2x cheaper here
-         "d_vocab": 256,
-         # room for repeats at distances 8..31 and for the scores (4 copies of 15 tokens)
-         "n_ctx": 64},
-        {"steps": 1500,  # a budget 3x the ~450 steps the heads take, so the run ends by its targets
-         # constant after warm-up: the shipped cosine squeezed into 2,500 steps formed nothing,
-         # because the rate had decayed by the time the heads would form; 1e-2 formed nothing
-         # in 2,400 steps, 5e-3 formed them by step 600
-         "lr": 5e-3, "warmup_steps": 100, "min_lr_frac": 1.0,
-         # three quarters of each batch random tokens repeated: copying is the only way to
-         # predict them, so the heads pay off from the first step (a quarter: 900 steps, a half:
-         # 600, three quarters: 450); the rest real text, half of it repeated
-         "repeat_frac": 0.125, "random_repeat_frac": 0.75,
-         # scores every 25 steps (~2 steps' cost each) for the figure and the stopping rule;
-         # 2 validation batches are enough for the loss, the targets are on random tokens
-         "eval_every": 25, "eval_batches": 2},
-    ),
-    # Recipes tried (2 layers, d_model 128 = 4 x 32, 16 rows a step, lr 5e-3 constant after 100
-    # warm-up steps, 1 thread, seed 0; V d_vocab, T n_ctx, P repeat_frac, R random_repeat_frac;
-    # steps to prefix matching >= 0.5 / to 2nd copy <= 1/2 of the 1st):
-    #   shipped attn-only-2l, V 2048 T 128 P .5 R .125, cosine over 8,000:  2,750 / 3,250
-    #   the same with --steps 2500 (cosine compressed):        never (pm 0.08 at 2,500)
-    #   V 256 T 64 P .5   R .25                                  750 /   900
-    #   V 256 T 64 P .25  R .5                                   550 /   600
-    #   V 256 T 64 P .125 R .75  (this preset)                   400 /   450
-    #   V 256 T 64 P .25  R .5,  lr 1e-2                       never (pm 0.06 at 2,400)
-    #   V 256 T 64 P .25  R .5,  d_model 64 = 4 x 16           1,150 / 1,300
-    #   V 256 T 64 P .125 R .75, 8 rows a step                   700 /   900 (same tokens)
-    #   V 2048 T 64 P .125 R .75                                never (pm 0.07 at 1,200)
-    #   one layer, P .25 R .5 / P .125 R .75, 1,500 steps      never (pm 0.06 / 0.07)
-    # With eval_every 25 the preset stops at step 425 (0.44 M tokens): on a fresh clone, on a
-    # 2-core machine busy with other jobs, 68 s of training at 6,413 tokens/s + 9 s of data.
-    # a seconds-long run for the first chapter and the tests
-    # Chapter 10: pre-LayerNorm blocks with GELU MLPs (a TransformerLens HookedTransformer), four
-    # layers, the same tokenizer, corpus, context, positions (shortformer: in queries and keys only),
-    # batch size and rate as the 2-layer model. A step costs ~3x the 2-layer model's on a CPU, so
-    # 5,000 steps instead of 8,000, with the cosine ending at 30% of the rate instead of 10% (a
-    # schedule squeezed to fewer steps decays before the heads form: chapter 7's recipe search);
-    # a quarter of the rows random tokens repeated instead of an eighth (taken from the text
-    # repeats: the plain-text share stays 3/8), which that search found brings the heads earlier.
-    # Tried first: positions added to the residual stream and the cosine to 10%: no induction
-    # head by step 2,750 (prefix matching 0.04, previous-token 0.16).
-    "ln-mlp-4l": ({"architecture": "hooked-ln-mlp", "n_layers": 4, "d_mlp": 512,
-                   "positional_embedding_type": "shortformer"},
-                  {"steps": 5000, "min_lr_frac": 0.3, "repeat_frac": 0.375, "random_repeat_frac": 0.25,
-                   "snapshot_steps": [0, 500, 1000, 1500, 2000, 2500, 3500]}),
-    "tiny": ({"n_layers": 1, "d_model": 32, "n_heads": 2, "d_head": 16, "n_ctx": 64}, {"steps": 60, "eval_every": 20}),
-}
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -162,8 +101,29 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     (the models with them); decay on every other weight."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
+        if not p.requires_grad:  # fixed (chapter 10's sinusoidal positions)
+            continue
         (no_decay if p is model.W_E or p.ndim < 2 else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def step_memory_bytes(model_cfg: AttnOnlyConfig, batch_size: int) -> int:
+    """A rough upper bound on one training step's memory: logits and attention patterns with their
+    gradients (about four float32 copies each) and the residual stream's activations, plus weights,
+    gradients and AdamW's two moments."""
+    T, V, H, L = model_cfg.n_ctx, model_cfg.d_vocab, model_cfg.n_heads, model_cfg.n_layers
+    per_row = 4 * T * V + 6 * L * H * T * T + 4 * T * (L + 1) * (model_cfg.d_model + 4 * H * model_cfg.d_head)
+    per_row += 8 * T * L * getattr(model_cfg, "d_mlp", 0)  # chapter 10's MLPs
+    params = 2 * V * model_cfg.d_model + 4 * L * H * model_cfg.d_model * model_cfg.d_head
+    return 4 * (batch_size * per_row + 4 * params)
+
+
+def memory_limit_bytes() -> int:
+    """Half of this machine's physical memory (the rest is the system's and the notebook's)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): assume 8 GiB of RAM
+        return 4 << 30
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -184,17 +144,26 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_batch(tokens, cfg: TrainConfig, n_ctx: int, g: torch.Generator) -> torch.Tensor:
+    """One training batch from the token stream ``tokens`` (any container of ids): windows of text,
+    windows of text repeated, and random tokens repeated, in the proportions of ``cfg``."""
+    stream = validate.token_ids(tokens, None, "tokens", ndim=1)
+    if len(stream) < n_ctx:
+        raise ValueError(f"the token stream has {len(stream)} tokens, fewer than n_ctx={n_ctx}")
+    return make_batch_checked(stream, cfg, n_ctx, g, int(stream.max()) + 1)
+
+
+def make_batch_checked(stream: torch.Tensor, cfg: TrainConfig, n_ctx: int, g: torch.Generator, d_vocab: int) -> torch.Tensor:
+    """:func:`make_batch` for a checked stream (1-D int64, at least ``n_ctx`` ids; random tokens are
+    drawn below ``d_vocab``): nothing is converted, scanned or read back, so a step waits for nothing."""
     n_rep = round(cfg.repeat_frac * cfg.batch_size)
     n_rand = round(cfg.random_repeat_frac * cfg.batch_size)
-    parts = [data.random_windows(tokens, cfg.batch_size - n_rep - n_rand, n_ctx, g)]
+    parts = [data.random_windows_checked(stream, cfg.batch_size - n_rep - n_rand, n_ctx, g)]
     if n_rep:
-        parts.append(data.repeated_windows(tokens, n_rep, n_ctx, g))
+        parts.append(data.repeated_windows_checked(stream, n_rep, n_ctx, g, 8, n_ctx // 2))
     if n_rand:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
         L = int(torch.randint(8, n_ctx // 2, (1,), generator=g))
-        rows = data.repeated_random_tokens(n_rand, L, n_ctx // L + 1, n_ctx=None, seed=seed,
-                                           d_vocab=int(tokens.max()) + 1)[:, :n_ctx]
-        parts.append(rows)
+        parts.append(data.repeated_rows(n_rand, L, n_ctx // L + 1, d_vocab, seed)[:, :n_ctx])
     return torch.cat(parts)
 
 
@@ -237,25 +206,12 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step = step
 
 
-@contextmanager
-def _stop_between_steps():
-    """While training, the first Ctrl-C only asks to stop at the next step boundary (so the state
-    saved for ``--resume`` is never half an optimizer step); a second one interrupts at once."""
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested
-        return
+class TrainingDiverged(FloatingPointError):
+    """The loss became NaN or infinite at ``step`` (learning rate ``lr``); the run stops there."""
 
-    def handler(signum, frame):
-        if requested.is_set():
-            raise KeyboardInterrupt
-        requested.set()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    def __init__(self, step: int, lr: float, loss: float):
+        super().__init__(f"training diverged at step {step}: the loss is {loss} at learning rate {lr:.3g}")
+        self.step, self.lr, self.loss = step, lr, loss
 
 
 def train(
@@ -276,6 +232,10 @@ def train(
     :class:`TrainingInterrupted`; passing such a state as ``resume`` continues the run exactly
     where it stopped: on the same machine the result is bit-identical to an uninterrupted run.
 
+    A NaN or infinite loss raises :class:`TrainingDiverged` naming its step and learning rate, at the
+    next point where the loss is read (every 10th step with ``progress``, every evaluation), before
+    any state is saved: the last state ``save_state`` received is then the last finite one.
+
     ``callback(step, model, row)`` runs after each evaluation (``row``: that step's history entries);
     when it returns True, training stops there (see ``live.py``).
     """
@@ -290,8 +250,16 @@ def train(
     val_g = torch.Generator().manual_seed(VALIDATION_SEED)
     n_ctx = model_cfg.n_ctx
     val_batches = torch.stack([data.random_windows(val_tokens, cfg.batch_size, n_ctx, val_g) for _ in range(cfg.eval_batches)])
+    # The training stream is checked once, here: every step then slices it as it is.
+    stream = validate.token_ids(train_tokens, model_cfg.d_vocab, "train_tokens", ndim=1)
+    if len(stream) < n_ctx:
+        raise ValueError(f"train_tokens has {len(stream)} tokens, fewer than n_ctx={n_ctx}; train on a longer text")
+    stream_vocab = int(stream.max()) + 1
     history: dict = {"step": [], "tokens": [], "train_loss": [], "lr": [], "wall_s": []}
     snapshots: dict[int, dict] = {}
+    # The loss's moving average stays on the device (float64 where the device has it), read back
+    # only at evaluations and every 10th step for the bar: a training step waits for nothing.
+    ema_dtype = torch.float32 if dev.type == "mps" else torch.float64
     start, ema, wall0 = 0, None, 0.0
     if resume is not None:
         start, ema, wall0 = resume["step"], resume["ema"], resume["wall_s"]
@@ -303,28 +271,42 @@ def train(
         torch.set_rng_state(resume["torch_rng"])
         history = {k: list(v) for k, v in resume["history"].items()}
         snapshots = dict(resume["snapshots"])
+    ema_t = None if ema is None else torch.tensor(ema, dtype=ema_dtype, device=dev)
+    # the first step whose loss was NaN or infinite, and that loss, kept on the device like the
+    # moving average and read where it is: a diverged run stops there, before it saves a state
+    bad_step = bad_loss = torch.tensor(-1.0, dtype=ema_dtype, device=dev)
+
+    def ema_value() -> float | None:
+        if int(bad_step) >= 0:
+            raise TrainingDiverged(int(bad_step), lr_at(int(bad_step), cfg), float(bad_loss))
+        return None if ema_t is None else float(ema_t)
+
     t0 = time.time() - wall0
 
     def state(step: int) -> dict:
-        return {"step": step, "ema": ema, "wall_s": time.time() - t0, "history": history, "snapshots": snapshots,
+        return {"step": step, "ema": ema_value(), "wall_s": time.time() - t0, "history": history, "snapshots": snapshots,
                 "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
                 "optimizer": opt.state_dict()["state"], "generator": g.get_state(), "torch_rng": torch.get_rng_state()}
 
     bar = tqdm(range(start, cfg.steps + 1), disable=not progress, desc=f"{model_cfg.n_layers}L", mininterval=0.5,
                initial=start, total=cfg.steps + 1)
-    with _stop_between_steps() as stop_requested:
+    # the first Ctrl-C only asks to stop at the next step boundary (so a state saved for --resume is
+    # never half an optimizer step); a second one interrupts at once
+    with durable.hold_signals((signal.SIGINT,)) as stop_requested:
         for step in bar:
-            if stop_requested.is_set():
+            if stop_requested:
                 if save_state is not None:
                     save_state(state(step))
                 raise TrainingInterrupted(step)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                ema_value()
             if save_state is not None and step % cfg.eval_every == 0 and start < step < cfg.steps:
                 save_state(state(step))
             if step in cfg.snapshot_steps:
                 snapshots[step] = state_dict_for_save(model)
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 ev = evaluate(model, val_batches)
-                for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema,
+                for key, val in {"step": step, "tokens": step * cfg.batch_size * n_ctx, "train_loss": ema_value(),
                                  "lr": lr_at(step, cfg), "wall_s": time.time() - t0, **ev}.items():
                     history.setdefault(key, []).append(val)
                 if progress:
@@ -335,16 +317,19 @@ def train(
                 continue  # the last step only evaluates; the bar then ends at its total
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            batch = make_batch(train_tokens, cfg, n_ctx, g).to(dev)
-            loss = loss_fn(model(batch), batch)
+            batch = make_batch_checked(stream, cfg, n_ctx, g, stream_vocab).to(dev)
+            loss = loss_fn(model.forward_checked(batch), batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-            if step % 10 == 0:
+            loss_t = loss.detach().to(ema_dtype)
+            newly = ~torch.isfinite(loss_t) & (bad_step < 0)
+            bad_step, bad_loss = torch.where(newly, step, bad_step), torch.where(newly, loss_t, bad_loss)
+            ema_t = loss_t if ema_t is None else 0.98 * ema_t + 0.02 * loss_t
+            if step % 10 == 0 and progress:
                 tps = (step + 1 - start) * cfg.batch_size * n_ctx / (time.time() - t0 - wall0)
-                bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tps:,.0f}")
+                bar.set_postfix(loss=f"{ema_value():.3f}", tok_s=f"{tps:,.0f}")
     history["tokens_per_s"] = step * cfg.batch_size * n_ctx / (time.time() - t0)
     model.eval()
     return model, history, snapshots

@@ -4,7 +4,7 @@ drawing function and its controls to the generic :class:`~attncircuits.widgets.e
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..circuits.bigrams import resolve_token, top_next_tokens
 from ..circuits.factored import full_ov_circuit, full_qk_circuit
@@ -132,7 +132,9 @@ def head_explorer(model, tokenizer, tokens, layers=None, k: int = 10, initial=No
 # ---- chapter 7: attention over the training snapshots ------------------------------------------
 def snapshot_steps_control(steps) -> range | list:
     """A slider (``range``) when the snapshot steps are evenly spaced, otherwise a dropdown list."""
-    steps = sorted(int(s) for s in steps)
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+        raise TypeError(f"steps must be a list of training steps, got {steps!r}")
+    steps = sorted(validate.count(s, "snapshot step", minimum=0) for s in steps)
     if not steps:
         raise ValueError("the checkpoint has no snapshots; train with --snapshot-steps to save some")
     gaps = {b - a for a, b in zip(steps, steps[1:])}
