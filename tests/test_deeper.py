@@ -280,3 +280,22 @@ def test_histories_side_by_side_refuses_mismatched_runs():
         histories_side_by_side({"a": ([0, 1], {"loss": [1, 2]}), "b": ([0, 1], {"ICL": [1, 2]})})
     with pytest.raises(ValueError, match="2 values but x has 3"):
         histories_side_by_side({"a": ([0, 1, 2], {"loss": [1, 2]})})
+
+
+def test_chapter_10s_solutions_pass_and_its_stubs_are_not_attempted_yet():
+    """tests/test_chapters.py leaves the TransformerLens chapters to nbval; chapter 10's checks run
+    here, with the extra installed."""
+    import json
+    from pathlib import Path
+
+    from attncircuits.exercises.make_learner import learner_notebook
+    from tests.test_chapters import _run_exercises
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "10_deeper_model.ipynb"
+    solved = json.loads(path.read_text())
+    results = _run_exercises(solved)
+    assert len(results) >= 3
+    for out, value in results:
+        assert value is True and "correct on" in out and len(out.rstrip("\n")) <= 79, out
+    for out, value in _run_exercises(learner_notebook(solved, path.name)):
+        assert value is False and "not attempted yet" in out, out
