@@ -208,6 +208,9 @@ def _chapter_figures():
                                                                                        "prefix matching": {h: list(rng.random(40)) for h in h1},
                                                                                        "in-context learning": {"score": list(rng.random(40))}},
                                                                   vlines={"phase change": 20})
+    run = (list(range(40)), {"validation loss": list(rng.random(40)), "ICL score": [None] + list(rng.random(39))})
+    yield "histories_side_by_side", lambda: plotting.histories_side_by_side({"attn-only-2l": run, "ln-mlp-4l": run},
+                                                                            vlines={"ln-mlp-4l": 20})
     from attncircuits.widgets import head_explorer, snapshot_explorer
 
     head = head_explorer(ck1.model, ck1.tokenizer, frequent_tokens(ck1.tokenizer, 20), k=12)  # chapter 4's call

@@ -23,6 +23,7 @@ from .heads import head_name
 from .hooked import require_transformer_lens
 from .interop import wrap_tokenizer
 from .losses import repeated_tokens
+from .model import loss_fn
 from .scores import HeadScores, copying_score_of_logits, prefix_matching_scores, previous_token_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -143,11 +144,13 @@ def mean_z(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
 
 @dataclass
 class LogitShares:
-    """Where the correct token's logit comes from, each ``[n]`` mean over the targets scored."""
+    """Where the correct token's logit comes from, each a mean over the targets scored."""
 
-    labels: list[str]  # "embed", "pos", "0.1" (a head), "mlp 0", "bias"
+    labels: list[str]  # "embed", "pos", "0.1" (a head), "mlp 0" (b_out included), "bias" (the b_O), "b_U"
     contributions: torch.Tensor  # [component]: mean contribution to the correct token's logit
-    logit: float  # the mean correct-token logit itself (the contributions' sum, LN scale frozen)
+    # the mean correct-token logit itself, measured from the mean logit over the vocabulary (folding
+    # centres W_U, which changes no probability): the contributions' sum, LN scale frozen
+    logit: float
 
     def share(self, label: str) -> float:
         return float(self.contributions[self.labels.index(label)] / self.logit)
@@ -156,26 +159,128 @@ class LogitShares:
         """Summed share of the components whose label starts with ``prefix`` (``"mlp"``)."""
         return float(sum(c for l, c in zip(self.labels, self.contributions) if l.startswith(prefix)) / self.logit)
 
+    def direct(self) -> float:
+        """Share of the direct path: the token (and, where they are in the residual stream, the
+        position) embeddings read straight by the unembedding."""
+        return float(sum(c for l, c in zip(self.labels, self.contributions) if l in ("embed", "pos")) / self.logit)
+
+    def heads(self) -> float:
+        """Summed share of every head (labels ``"layer.head"``)."""
+        return float(sum(c for l, c in zip(self.labels, self.contributions) if l[:1].isdigit()) / self.logit)
+
+
+def frozen_ln(components: torch.Tensor, resid: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Each of ``components`` (``[comp, ..., d_model]``, summing to ``resid``) through a LayerNorm
+    whose scale is frozen at the real one (``LNPre``, the gain folded away): ``(c - mean c) / s``
+    with ``s = sqrt(mean((resid - mean resid)^2) + eps)``, one ``s`` for all components. Centring is
+    linear, and a shared divisor keeps it so: the outputs sum to ``LN(resid)`` exactly, which the
+    components' own scales would not give (TransformerLens's ``apply_ln_to_stack``)."""
+    centred = resid - resid.mean(-1, keepdim=True)
+    scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return (components - components.mean(-1, keepdim=True)) / scale
+
+
+def fold_ln_into(w_ln: torch.Tensor, b_ln: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold a LayerNorm's gain ``w_ln`` and bias ``b_ln`` (``[d_model]``) into a weight that reads
+    its output, ``W [..., d_model, d_out]`` with bias ``b [..., d_out]``: ``(x̂ w + b_ln) W + b =
+    x̂ (diag(w) W) + (b_ln W + b)``; the folded weight is then centred over ``d_model``, since ``x̂``
+    (normalised, mean zero) has no component along the all-ones direction (TransformerLens's
+    ``fold_ln`` with ``center_weights``)."""
+    W_folded = w_ln[:, None] * W
+    b_folded = b + einsum(b_ln, W, "d_model, ... d_model d_out -> ... d_out")
+    return W_folded - W_folded.mean(-2, keepdim=True), b_folded
+
+
+def _components(fm, tokens: torch.Tensor):
+    """The final residual stream of a folded model split into its writers, each through the final
+    LayerNorm with the scale frozen (``[comp, batch, pos, d_model]``), and their labels."""
+    _, cache = fm.run_with_cache(tokens)
+    heads, head_labels = cache.stack_head_results(layer=-1, return_labels=True)  # [comp, batch, pos, d_model]
+    n = fm.cfg.n_layers
+    mlps = torch.stack([cache["mlp_out", l] for l in range(n)]) if not fm.cfg.attn_only else heads[:0]
+    # each MLP's output includes its b_out; the heads' results leave out b_O (with b_V folded in)
+    bias = sum(fm.blocks[l].attn.b_O for l in range(n)).expand_as(cache["embed"])
+    # positions reach the residual stream only in "standard" models ("shortformer": queries and keys)
+    direct = [("embed", cache["embed"])]
+    if fm.cfg.positional_embedding_type == "standard":
+        direct.append(("pos", cache["pos_embed"]))
+    stack = torch.cat([torch.stack([d for _, d in direct]), heads, mlps, bias[None]])
+    labels = [name for name, _ in direct] + [head_name(*map(int, re.findall(r"\d+", lab))) for lab in head_labels]
+    labels += [f"mlp {l}" for l in range(len(mlps))] + ["bias"]
+    eps = fm.ln_final.eps if hasattr(fm.ln_final, "eps") else fm.cfg.eps
+    return frozen_ln(stack, cache["resid_post", n - 1], eps), labels
+
 
 @torch.no_grad()
 def logit_shares(model, tokens: torch.Tensor) -> LogitShares:
     """Decompose the correct next token's logit into the direct path (token and position
     embeddings), each head, each MLP and the biases, with the final LayerNorm's scale frozen at its
-    real value (TransformerLens's ``decompose_resid`` and ``apply_ln_to_stack``): an exact sum in
-    the frozen-scale sense, the only one a model with LayerNorm allows."""
+    real value (:func:`frozen_ln`, TransformerLens's ``decompose_resid`` and
+    ``apply_ln_to_stack``): an exact sum in the frozen-scale sense, the only one a model with
+    LayerNorm allows."""
     fm = folded(model)
     tokens = validate.tokens(fm, tokens, 2, "a next-token logit (a token to predict)")
-    _, cache = fm.run_with_cache(tokens)
-    heads, head_labels = cache.stack_head_results(layer=-1, return_labels=True)  # [comp, batch, pos, d_model]
-    mlps = torch.stack([cache["mlp_out", l] for l in range(fm.cfg.n_layers)])
-    embed, pos = cache["embed"][None], cache["pos_embed"][None]
-    biases = sum(fm.blocks[l].attn.b_O for l in range(fm.cfg.n_layers)) + sum(fm.blocks[l].mlp.b_out for l in range(fm.cfg.n_layers))
-    bias = biases.expand_as(cache["embed"])[None]
-    stack = torch.cat([embed, pos, heads, mlps, bias])
-    labels = ["embed", "pos"] + [head_name(*map(int, re.findall(r"\d+", lab))) for lab in head_labels] + \
-        [f"mlp {l}" for l in range(fm.cfg.n_layers)] + ["bias"]
-    scaled = cache.apply_ln_to_stack(stack, layer=-1)[:, :, :-1]  # [comp, batch, pos-1, d_model]
+    scaled, labels = _components(fm, tokens)
+    scaled = scaled[:, :, :-1]  # [comp, batch, pos-1, d_model]: positions with a next token
     directions = fm.W_U[:, tokens[:, 1:]]  # [d_model, batch, pos-1]
     contrib = einsum(scaled, directions, "c b p d, d b p -> c b p").mean(dim=(1, 2))
-    logit = float(contrib.sum() + fm.b_U[tokens[:, 1:]].mean())
-    return LogitShares(labels + ["b_U"], torch.cat([contrib, fm.b_U[tokens[:, 1:]].mean()[None]]), logit)
+    b_U = fm.b_U[tokens[:, 1:]].mean()
+    return LogitShares(labels + ["b_U"], torch.cat([contrib, b_U[None]]), float(contrib.sum() + b_U))
+
+
+@dataclass
+class ExpansionGap:
+    """How far the attention-only path expansion (direct path + heads, no MLP terms) is from the
+    real logits of a model with MLPs, on the same tokens (nats per token; logits scaled alike)."""
+
+    loss: float  # the model's real next-token loss
+    loss_attention_only: float  # the loss of the frozen-scale sum without the MLP terms
+    loss_direct: float  # the loss of the direct path alone (embeddings, biases)
+    logit_error: float  # mean |attention-only logit - real logit| / mean |real logit - its mean|
+    reconstruction_error: float  # max |sum of every term - real logit|: the frozen-scale sum is exact
+
+
+@torch.no_grad()
+def attention_only_gap(model, tokens: torch.Tensor) -> ExpansionGap:
+    """Chapters 3 and 5's path expansion, applied to a model with MLPs: the frozen-scale sum of the
+    embeddings, every head and the biases (:func:`logit_shares`' terms without the MLPs), against
+    the real logits. Heads still read what earlier MLPs wrote; only the MLPs' direct paths go."""
+    fm = folded(model)
+    tokens = validate.tokens(fm, tokens, 2, "a next-token loss (a token to predict)")
+    scaled, labels = _components(fm, tokens)
+    keep = torch.tensor([not lab.startswith("mlp") for lab in labels])
+    direct = torch.tensor([lab in ("embed", "pos", "bias") for lab in labels])  # and the biases
+    real = fm(tokens)
+    logits = {name: scaled[mask].sum(0) @ fm.W_U + fm.b_U for name, mask in
+              (("all", torch.ones_like(keep)), ("attn", keep), ("direct", direct))}
+    centred = real - real.mean(-1, keepdim=True)
+    error = ((logits["attn"] - real) - (logits["attn"] - real).mean(-1, keepdim=True)).abs().mean() / centred.abs().mean()
+    return ExpansionGap(
+        loss=float(loss_fn(real, tokens)), loss_attention_only=float(loss_fn(logits["attn"], tokens)),
+        loss_direct=float(loss_fn(logits["direct"], tokens)), logit_error=float(error),
+        reconstruction_error=float((logits["all"] - real).abs().max()),
+    )
+
+
+def loss_bump(values) -> float:
+    """The largest rise of a loss curve above its lowest value so far (0 when it never rises):
+    ``max_j (v_j - min_{i<=j} v_i)``. A phase change that costs loss for a while shows as a bump;
+    a curve that only falls gives 0. Missing values (``None``) are skipped."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        raise ValueError("values is empty: pass a loss curve (e.g. history['val_loss'])")
+    best, bump = vals[0], 0.0
+    for v in vals:
+        best = min(best, v)
+        bump = max(bump, v - best)
+    return bump
+
+
+def rank_correlation(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Spearman's rank correlation of two score tables of the same shape (e.g. ``[layer, head]``):
+    the Pearson correlation of their ranks."""
+    if x.shape != y.shape or x.numel() < 2:
+        raise ValueError(f"need two score tables of one shape with 2+ entries, got {tuple(x.shape)} and {tuple(y.shape)}")
+    rx, ry = (t.flatten().argsort().argsort().double() for t in (x, y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float((rx * ry).sum() / (rx.norm() * ry.norm()))

@@ -47,7 +47,7 @@ from .base import (
     subplots,
     text_sizes_px,
 )
-from .curves import loss_curve, phase_change_plot, position_loss_plot
+from .curves import histories_side_by_side, loss_curve, phase_change_plot, position_loss_plot
 from .heatmaps import (
     attention_heatmap,
     circuit_heatmap,
@@ -85,6 +85,7 @@ __all__ = [
     "overlapping_labels",
     "path_terms_heatmap",
     "phase_change_plot",
+    "histories_side_by_side",
     "position_loss_plot",
     "score_heatmaps",
     "skip_trigram_table_html",

@@ -103,3 +103,34 @@ def phase_change_plot(
                             fontsize=SMALL_PT + 0.5, color="tab:red")
     axes[-1, 0].set_xlabel(xlabel, fontsize=LABEL_PT)
     return finish(fig, title)
+
+
+def histories_side_by_side(
+    runs: Mapping[str, tuple[Sequence[float], Mapping[str, Sequence[float | None]]]],
+    xlabel: str = "tokens seen",
+    vlines: Mapping[str, float | None] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Training histories of several models, one column each, the same measures in the same rows
+    on a shared y axis: ``runs[model] = (x, {y label: values})``. ``vlines[model]`` marks a moment
+    (e.g. its phase change) in every panel of that column; ``None`` values are skipped."""
+    if not runs:
+        raise ValueError("pass at least one run: {model: (x, {y label: values})}")
+    rows = list(next(iter(runs.values()))[1])
+    for name, (_, panels) in runs.items():
+        if list(panels) != rows:
+            raise ValueError(f"run {name!r} has panels {list(panels)}, expected {rows}: every column shows the same rows")
+    fig, axes = new_figure(len(rows), len(runs), figsize=(3.6 * len(runs), 1.9 * len(rows) + 0.8), sharey="row")
+    for col, (name, (x, panels)) in enumerate(runs.items()):
+        xs = list(x)
+        for row, ylabel in enumerate(rows):
+            ax, ys = axes[row, col], panels[ylabel]
+            if len(ys) != len(xs):
+                raise ValueError(f"{name!r}, {ylabel!r}: {len(ys)} values but x has {len(xs)}")
+            ax.plot(*_points(xs, ys), marker=".", markersize=3)
+            at = (vlines or {}).get(name)
+            if at is not None:
+                ax.axvline(at, color="tab:red", linestyle="--", linewidth=1)
+            _style(ax, xlabel if row == len(rows) - 1 else "", ylabel if col == 0 else "")
+        set_title(axes[0, col], name)
+    return finish(fig, title)
