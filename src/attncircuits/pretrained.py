@@ -244,7 +244,7 @@ def _build(cfg: AttnOnlyConfig | hooked.HookedConfig, weights: Path, device) -> 
         sd = read_weights(weights, hooked.expected_shapes(cfg))
         model = hooked.build_model(cfg)
         model.load_state_dict({**model.state_dict(), **{k: v.float() for k, v in sd.items()}})
-        return model.to(device).eval()
+        return model.to(device, print_details=False).eval()
     sd = read_weights(weights, expected_shapes(AttnOnlyTransformer, cfg))
     model = AttnOnlyTransformer(cfg)
     model.load_state_dict({k: v.float() for k, v in sd.items()})
