@@ -341,7 +341,7 @@ def test_chapter_pages_offer_their_learner_notebook(smoke_site):
     for nb in learner:
         page = html_dir / "notebooks" / f"{nb.stem}.html"
         text = page.read_text(encoding="utf-8")
-        downloads = re.findall(r'<a class="reference download internal" download="" href="([^"]+)"', text)
+        downloads = re.findall(r'<a class="[^"]*\breference download internal\b[^"]*" download="" href="([^"]+)"', text)
         mine = [u for u in downloads if unquote(u).endswith(f"/{nb.name}")]
         assert mine, f"{page.name} has no download link to its learner notebook {nb.name}: {downloads}"
         target = _local_target(page, mine[0])
