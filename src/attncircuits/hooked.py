@@ -138,11 +138,6 @@ def _forward_checked(model, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
     return model(tokens)
 
 
-def is_hooked(model) -> bool:
-    """True for chapter 10's model (any TransformerLens ``HookedTransformer``)."""
-    return hasattr(model, "run_with_hooks") and hasattr(model, "blocks") and hasattr(model.cfg, "normalization_type")
-
-
 def weights(model) -> dict[str, torch.Tensor]:
     """The learned parameters by name: what a checkpoint stores (not the causal-mask buffers)."""
     return dict(model.named_parameters())

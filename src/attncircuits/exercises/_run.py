@@ -102,32 +102,12 @@ class _WrongMethod(BaseException):
 class Method:
     """What the exercise rules out, judged by what the learner's code asks torch to do, not by
     how long it takes (which depends on the machine): more than ``max_calls`` torch calls (a Python
-    loop over tokens calls torch once per token), more than ``max_lines`` lines of Python run (a
-    loop over a list), or a result of ``max_numel`` elements or more (the dense ``d_vocab x
-    d_vocab`` matrix). The call is stopped at once with ``message``."""
+    loop over tokens calls torch once per token) or a result of ``max_numel`` elements or more
+    (the dense ``d_vocab x d_vocab`` matrix). The call is stopped at once with ``message``. (A
+    line tracer counting the learner's Python lines hung the worker thread on a right answer.)"""
 
-    def __init__(self, message: str, max_calls: int | None = None, max_numel: int | None = None,
-                 max_lines: int | None = None):
-        self.message, self.max_calls, self.max_numel, self.max_lines = message, max_calls, max_numel, max_lines
-
-    def tracer(self):
-        """A ``sys.settrace`` function that stops the call after ``max_lines`` lines."""
-        count = [0]
-        limit = self.max_lines
-
-        def local(frame, event, arg):
-            if event == "line":
-                count[0] += 1
-                if count[0] > limit:
-                    raise _WrongMethod()
-            return local
-
-        def tracer(frame, event, arg):
-            # lines of the learner's code only: tracing torch's own Python (every call passes
-            # through it) would count lines the learner did not write and run 100x slower
-            return None if frame.f_code.co_filename.startswith(_LIBRARY_DIRS) else local
-
-        return tracer
+    def __init__(self, message: str, max_calls: int | None = None, max_numel: int | None = None):
+        self.message, self.max_calls, self.max_numel = message, max_calls, max_numel
 
     def mode(self) -> "_Watch":
         return _Watch(self)
@@ -294,12 +274,6 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
     def call():
         if method is None:
             return fn(*args, **kwargs)
-        if method.max_lines is not None:  # counted by a line tracer alone: a torch function
-            sys.settrace(method.tracer())  # mode entered under a tracer can hang the worker
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                sys.settrace(None)
         with method.mode():
             return fn(*args, **kwargs)
 
