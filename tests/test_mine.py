@@ -43,7 +43,10 @@ def test_a_tiny_set_is_read_by_the_course_and_checked_by_claims(tiny_set, monkey
     # the headline numbers of an untrained set: measured, not asserted
     nums = headline_numbers(tiny_set)["models"]
     assert set(nums) == set(modelset.SET_MODEL_NAMES) and nums["attn-only-2l"]["steps"] == 4
-    assert 5.0 < nums["attn-only-0l"]["val_loss"] < 6.5  # about ln 300 = 5.70 after 4 steps
+    # 4 steps take the loss from about 6.4 down by an amount that differs between CPUs (4.94 on
+    # one, 4.99 on another): what holds everywhere is a finite loss on this 300-token vocabulary,
+    # below the untrained model's 6.4 and far from a perfect fit
+    assert 2.0 < nums["attn-only-0l"]["val_loss"] < 6.2
     assert "top_k_composition" in nums["attn-only-2l"] and "copying_heads" in nums["attn-only-1l"]
     # a chapter's claim, on a set that is not the shipped one: one line, and the chapter runs on
     claims.reset()
