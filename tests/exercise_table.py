@@ -1,4 +1,4 @@
-"""A table of answers to the 40 exercise checks: wrong answers, each with the words its message
+"""A table of answers to the 43 exercise checks: wrong answers, each with the words its message
 must contain, and correct answers written another way, which must pass.
 
 Every wrong answer is one of two message classes: ``named`` (the message names the mistake) or
@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ["01_attention_only_transformer", "02_zero_layer", "03_one_layer_circuits", "04_skip_trigrams",
             "05_two_layer_composition", "06_induction_heads", "07_why_two_layers", "08_build_circuits_by_hand",
-            "09_transformer_lens"]
+            "09_transformer_lens", "10_deeper_model"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -499,12 +499,15 @@ wrong(C, "layer 1 only", lambda m, thr=0.3: [(1, h) for h in range(m.cfg.n_heads
                                              if m.cfg.n_layers > 1 and __import__("attncircuits.scores", fromlist=["x"])
                                              .prefix_matching_scores(m, seq_len=25, n_repeats=4)[1, h] > thr],
       "score every layer", "named")
-wrong(C, "empty", lambda m, thr=0.3: [], "expected")
+wrong(C, "empty", lambda m, thr=0.3: [], "left out heads")
 wrong(C, "previous-token heads", lambda m, thr=0.3: [(l, h) for l, h in (
     __import__("attncircuits.scores", fromlist=["x"]).previous_token_scores(
         m, __import__("attncircuits.losses", fromlist=["x"]).repeated_tokens(m, 25, 4, batch_size=4)) > thr
 ).nonzero().tolist()], "previous-token", "named")
-wrong(C, "threshold 0.03", lambda m, thr=0.3: solutions()["find_induction_heads"](m, 0.03), "expected")
+wrong(C, "threshold 0.03", lambda m, thr=0.3: solutions()["find_induction_heads"](m, 0.03), "below 0.3", "named")
+wrong(C, "threshold 0.95", lambda m, thr=0.3: solutions()["find_induction_heads"](m, 0.95), "above 0.3", "named")
+wrong(C, "heads numbered from 1", lambda m, thr=0.3: [(l + 1, h + 1) for l, h in solutions()["find_induction_heads"](m)],
+      "heads 0-", "named")
 wrong(C, "head, layer", lambda m, thr=0.3: [(h, l) for l, h in solutions()["find_induction_heads"](m)], "(layer, head)",
       "named")
 right(C, "tuples of tensors", lambda m, thr=0.3: [tuple(x) for x in (
@@ -573,7 +576,7 @@ C = "ch07.check_smear_scores"
 wrong(C, "weights swapped", lambda s, w: solutions()["smear_scores"](s, 1 - w), "swapped", "named")
 wrong(C, "zeros", lambda s, w: torch.zeros_like(s).masked_fill(torch.isinf(s), float("-inf")), "all zeros")
 wrong(C, "NaN from inf - inf", lambda s, w: (lambda prev: w[None, :, None, None] * s + (1 - w[None, :, None, None]) * prev)(
-    torch.cat([s[..., :1], s[..., :-1]], -1)), "NaN")
+    torch.cat([s[..., :1], s[..., :-1]], -1)), "gradient with respect to the weights is NaN", "named")
 wrong(C, "negated", lambda s, w: (-solutions()["smear_scores"](s, w)).masked_fill(torch.isinf(s), float("-inf")),
       "wrong sign")
 wrong(C, "no smear", lambda s, w: s.clone(), "smear", "named")
@@ -583,8 +586,14 @@ right(C, "torch.roll with a fixed first key", lambda s, w: (lambda z, m: (lambda
 right(C, "in float64", in_float64("smear_scores"))
 
 C = "ch07.check_logit_attribution"
-wrong(C, "current token", lambda m, t: solutions()["logit_attribution"](m, torch.cat([t[:, :1], t[:, :-1]], 1)),
-      "off by one", "named")
+wrong(C, "current token", lambda m, t: torch.stack(
+    [(m.W_E[t][:, :-1] * m.W_U.T[t[:, :-1]]).sum(-1)] + [
+        (o[:, :-1, h] * m.W_U.T[t[:, :-1]]).sum(-1) for o in m.run_with_cache(t)[1].head_out
+        for h in range(m.cfg.n_heads)], -1), "off by one", "named")
+wrong(C, "terms before positions", lambda m, t: torch.stack(
+    [(m.W_E[t][:, :-1] * m.W_U.T[t[:, 1:]]).sum(-1)] + [
+        (o[:, :-1, h] * m.W_U.T[t[:, 1:]]).sum(-1) for o in m.run_with_cache(t)[1].head_out
+        for h in range(m.cfg.n_heads)], -1).transpose(1, 2), "axes", "symptom")
 wrong(C, "zeros", zeros("logit_attribution"), "all zeros")
 wrong(C, "NaN", with_nan("logit_attribution"), "NaN")
 wrong(C, "negated", negated("logit_attribution"), "wrong sign")
@@ -749,6 +758,62 @@ VAGUE_RE = re.compile(
     r"previous-token score [\d.]+ < .*|prefix-matching score .*W_Q reads.*|the token two back is the top.*)$")
 
 
+# ---- chapter 10 ------------------------------------------------------------------------------------
+C = "ch10.check_fold_ln_into"
+
+
+def _fold(w, b_ln, W, b, centre=True, gain=True, bias=True):
+    Wf = w[:, None] * W if gain else W
+    if centre:
+        Wf = Wf - Wf.mean(-2, keepdim=True)
+    return Wf, (b + torch.einsum("d,...de->...e", b_ln, W)) if bias else b
+
+
+wrong(C, "not centred", lambda *a: _fold(*a, centre=False), "not centred", "named")
+wrong(C, "bias not folded", lambda *a: _fold(*a, bias=False), "bias is not folded", "named")
+wrong(C, "no gain", lambda *a: _fold(*a, gain=False), "gain is missing", "named")
+wrong(C, "gain on the bias", lambda w, b_ln, W, b: (_fold(w, b_ln, W, b)[0],
+                                                   b + torch.einsum("d,...de->...e", w * b_ln, W)), "unscaled", "named")
+wrong(C, "zeros", zeros("fold_ln_into"), "all zeros")
+wrong(C, "NaN", with_nan("fold_ln_into"), "NaN")
+wrong(C, "centred over d_out", lambda w, b_ln, W, b: ((lambda F: F - F.mean(-1, keepdim=True))(w[:, None] * W),
+                                                     _fold(w, b_ln, W, b)[1]), "wrong axis", "named")
+right(C, "centre first, then scale", lambda w, b_ln, W, b: (
+    w[:, None] * W - (w[:, None] * W).mean(-2, keepdim=True), b + b_ln @ W))
+right(C, "in float64", in_float64("fold_ln_into"))
+right(C, "a list", lambda *a: list(solutions()["fold_ln_into"](*a)))
+
+C = "ch10.check_frozen_ln"
+wrong(C, "own scale", lambda comps, resid: (lambda c: c / (c.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())(
+    comps - comps.mean(-1, keepdim=True)), "its own scale", "named")
+wrong(C, "not centred", lambda comps, resid: comps / ((resid - resid.mean(-1, keepdim=True)).pow(2).mean(
+    -1, keepdim=True) + 1e-5).sqrt(), "not centred", "named")
+wrong(C, "unbiased variance", lambda comps, resid: (comps - comps.mean(-1, keepdim=True)) / (
+    resid.var(-1, keepdim=True) + 1e-5).sqrt(), "unbiased", "named")
+wrong(C, "no division", lambda comps, resid: comps - comps.mean(-1, keepdim=True), "not divided", "named")
+wrong(C, "zeros", zeros("frozen_ln"), "all zeros")
+wrong(C, "negated", negated("frozen_ln"), "wrong sign")
+wrong(C, "summed", lambda comps, resid: solutions()["frozen_ln"](comps, resid).sum(0), "shape")
+right(C, "torch's layer_norm scale", lambda comps, resid: (comps - comps.mean(-1, keepdim=True)) / (
+    resid.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt())
+right(C, "in float64", in_float64("frozen_ln"))
+
+C = "ch10.check_loss_bump"
+wrong(C, "one step", lambda v: max([0.0] + [b - a for a, b in zip(*(lambda w: (w, w[1:]))(
+    [x for x in v if x is not None]))]), "consecutive", "named")
+wrong(C, "max minus min", lambda v: (lambda w: max(w) - min(w))([x for x in v if x is not None]), "maximum minus",
+      "named")
+wrong(C, "zero", lambda v: 0.0, "got 0")
+wrong(C, "negated", lambda v: -solutions()["loss_bump"](v), "wrong sign")
+wrong(C, "in percent", lambda v: 100 * solutions()["loss_bump"](v), "100")
+wrong(C, "None as 0", lambda v: solutions()["loss_bump"]([x if x is not None else 0.0 for x in v]), "read as a loss of 0",
+      "named")
+right(C, "a running minimum with itertools", lambda v: float(max(
+    [0.0] + [x - m for x, m in zip([x for x in v if x is not None], __import__("itertools").accumulate(
+        [x for x in v if x is not None], min))])))
+right(C, "a tensor of one number", lambda v: torch.tensor(solutions()["loss_bump"](v)))
+
+
 def outcome(row: Row) -> tuple[str, str]:
     """(class, message): class is accepted / raised / named / symptom / vague / misleading for a
     wrong answer (named or symptom only when the message has the row's words), ok / rejected for a
@@ -772,6 +837,15 @@ def outcome(row: Row) -> tuple[str, str]:
     if VAGUE_RE.match(detail) or "not attempted" in text:
         return "vague", text
     return "misleading", text
+
+
+def reference_rows() -> list[Row]:
+    """One right answer per check (the first in the table): the 43 checks on the reference solutions."""
+    first: dict[str, Row] = {}
+    for row in ROWS:
+        if row.expect == "pass":
+            first.setdefault(row.check, row)
+    return list(first.values())
 
 
 def summary(rows=None) -> dict:

@@ -147,8 +147,8 @@ def test_find_induction_heads(capsys):
         return [(l, h) for l, h in (pt > 0.3).nonzero().tolist()]
 
     accepts(check, find, capsys)
-    rejects(check, lambda m: [(1, 0), (1, 1), (1, 3)], capsys, "on attn-only-1l", "expected []")
-    rejects(check, by_prev, capsys, "layer-0 heads")
+    rejects(check, lambda m: [(1, 0), (1, 1), (1, 3)], capsys, "on attn-only-1l", "has one layer, layer 0")
+    rejects(check, by_prev, capsys, "so they are previous-token heads")
 
 
 def _ablated(model, tokens, head, mode, mean_over=(0, 1), increase=False):

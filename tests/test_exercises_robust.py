@@ -37,6 +37,26 @@ def still_passes(capsys):
     capsys.readouterr()
 
 
+_ALONE: dict[str, float] = {}  # seconds the 43 checks take on the references, before the cases below
+
+
+def _every_check_on_the_references() -> float:
+    from exercise_table import outcome, reference_rows
+
+    rows = reference_rows()
+    t = time.perf_counter()
+    results = {row.check: outcome(row) for row in rows}
+    seconds = time.perf_counter() - t
+    assert len(rows) == 43 and all(cls == "ok" for cls, _ in results.values()), {
+        k: v for k, v in results.items() if v[0] != "ok"}
+    return seconds
+
+
+def test_every_check_passes_on_the_references_before_the_cases_below():
+    _every_check_on_the_references()  # loads the shipped models and the solutions
+    _ALONE["s"] = _every_check_on_the_references()
+
+
 def test_outputs_no_comparison_expected_are_one_line(capsys):
     for fn in (lambda q, k: attention_pattern(q, k).to("meta"), lambda q, k: 10**400,
                lambda q, k: object(), lambda q, k: [attention_pattern(q, k)] * 2):
@@ -148,3 +168,13 @@ def test_the_interpreter_exits_cleanly_after_a_time_out(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "terminate called" not in done.stderr and "False" in done.stdout, (done.stdout, done.stderr)
+
+
+def test_every_check_still_passes_after_all_of_the_above_in_about_the_same_time():
+    """Run last in this file: every case above ran in this process first (time-outs, a learner's
+    default dtype, edited shipped models, ...); the 43 checks still pass on the references, and
+    take about as long as before them (a worker left running after a time-out made them 4x slower)."""
+    alone = _ALONE.get("s") or _every_check_on_the_references()
+    after = _every_check_on_the_references()
+    assert after < 2 * alone + 1, f"the 43 checks took {after:.1f} s after the cases, {alone:.1f} s before"
+    assert not any(w.is_alive() for w in _LIVE)

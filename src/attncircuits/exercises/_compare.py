@@ -22,6 +22,15 @@ def _describe_type(x) -> str:
     return f"a {type(x).__name__}"
 
 
+def _numbers_as_list(got, expected):
+    """A 1-D tensor where a list (or tuple) of numbers is asked: the same numbers, as that list."""
+    if (isinstance(expected, (tuple, list)) and isinstance(got, Tensor) and got.ndim == 1
+            and len(got) == len(expected) and all(isinstance(e, (int, float)) and not isinstance(e, bool)
+                                                   for e in expected)):
+        return type(expected)(got.tolist())
+    return got
+
+
 def _structure(got, expected, what: str = "the output", finite: bool = True) -> None:
     """Type, length, shape, device, dtype and finiteness; raises _Stop naming the first problem."""
     if got is None and expected is not None:
@@ -178,7 +187,8 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
             name = _factor_name(g / expected, dims)
             if name:
                 return f"got {g:.6g}, expected {expected:.6g}: {name}"
-        return f"got {g:.6g}, expected {expected:.6g}"
+        digits = next((d for d in range(6, 17) if f"{g:.{d}g}" != f"{expected:.{d}g}"), 17)
+        return f"got {g:.{digits}g}, expected {expected:.{digits}g}"
     if not isinstance(expected, Tensor):
         return "the values differ"
     if expected.is_complex():
@@ -196,7 +206,7 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
     if e.numel() > 50_000:  # the symptoms show on a corner as well as on the whole, much faster
         corner = tuple(slice(0, min(n, 48)) for n in e.shape)
         g, e, fin = g[corner], e[corner], fin[corner]
-    if _close(-g, e, atol, rtol):
+    if bool(fin.any()) and _close(-g[fin], e[fin], atol, rtol):  # the masked -inf entries keep their sign
         return "the wrong sign (the values match the answer negated)"
     if e.ndim >= 2 and e.shape[-1] == e.shape[-2] and _close(g.transpose(-1, -2), e, atol, rtol):
         return "transposed: the values match the answer with the last two axes swapped"
@@ -222,7 +232,9 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
             f"{int((diff > 0).sum())} of {diff.numel()} entries differ (e.g. at index {list(idx)}: got "
             f"{int(g[idx])}, expected {int(e[idx])})"
         )
+    gi, ei = float(g[idx]), float(e[idx])
+    digits = next((d for d in range(5, 17) if f"{gi:.{d}g}" != f"{ei:.{d}g}"), 17)  # enough to tell them apart
     return (
-        f"values differ by up to {float(diff.max()):.3g} (at index {list(idx)}: got {float(g[idx]):.5g}, "
-        f"expected {float(e[idx]):.5g})"
+        f"values differ by up to {float(diff.max()):.3g} (at index {list(idx)}: got {gi:.{digits}g}, "
+        f"expected {ei:.{digits}g})"
     )

@@ -79,7 +79,7 @@ from torch import Tensor
 
 from ..model import AttnOnlyConfig, AttnOnlyTransformer
 from ..pretrained import load_pretrained
-from ._compare import _close, _describe_type, _finite, _generic_mismatch, _structure
+from ._compare import _close, _describe_type, _finite, _generic_mismatch, _numbers_as_list, _structure
 from ._run import Method, _call, _first_line, _Stop
 
 __all__ = [
@@ -100,6 +100,7 @@ class Case:
     kind: str = "shipped"  # "shipped", "random" or "hand-built"
     expected: Any = None  # the reference's output; computed by run_check when None
     others: Callable[[], list[tuple[str, tuple]]] | None = None  # (label, args) of neighbouring inputs
+    grad: bool = False  # run the learner's call with autograd on (to check its gradient)
 
 
 def other_heads(args: tuple, index: int, n: int, label: str = "head {}") -> Callable[[], list[tuple[str, tuple]]]:
@@ -306,6 +307,7 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare,
     be confirmed on the other cases). Structure problems raise _Stop directly."""
     if compare is not None:
         return compare(got, expected, case), []  # None or a message
+    got = _numbers_as_list(got, expected)
     try:
         _structure(got, expected, finite=canonical is None)
     except _Stop:  # a wrong type or shape: a diagnosis that reads the output may still name it

@@ -278,7 +278,7 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
             return fn(*args, **kwargs)
 
     try:
-        with torch.no_grad():
+        with torch.enable_grad() if case.grad else torch.no_grad():
             out, _ = _run_with_time_limit(call, limit)
     except _WrongMethod:
         raise _Stop(f"on {case.label}: {method.message}")
@@ -304,3 +304,13 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
     if out is Ellipsis or (out is None and _is_stub(fn)):
         raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
     return out
+
+
+def probe(fn: Callable, case: Case, time_limit: float = 30.0) -> Any:
+    """The learner's output on ``case``, or None when the call fails in any way (the check's own
+    cases then say how): for a property read off the output before the comparison, such as its
+    gradient (``Case(grad=True)``)."""
+    try:
+        return _call(fn, case, time_limit, "")
+    except _Stop:
+        return None

@@ -151,9 +151,32 @@ def _compare_heads(got, expected, case) -> str | None:
     if any(l > 1 for l, _ in expected) and all(l == 1 for l, _ in got_list):
         return (f"you looked only at layer 1 ({got_list}); this model's induction heads are in layer 2: "
                 "score every layer's heads")
-    if any(l == 0 for l, _ in got_list) and not any(l == 0 for l, _ in expected):
-        return f"you returned layer-0 heads {got_list}: score by prefix matching, not previous-token attention"
-    return f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3)"
+    model = case.args[0]
+    pm = scores.prefix_matching_scores(model, batch_size=8)
+    cfg = model.cfg
+    if any(not (0 <= l < cfg.n_layers and 0 <= h < cfg.n_heads) for l, h in got_list):
+        layers = "one layer, layer 0" if cfg.n_layers == 1 else f"layers 0-{cfg.n_layers - 1}"
+        return (f"you returned {got_list}, but this model has {layers}, with heads 0-{cfg.n_heads - 1}: "
+                "score the heads of the model you are given")
+    extra = sorted(set(got_list) - set(expected))
+    missing = sorted(set(expected) - set(got_list))
+    prev = scores.previous_token_scores(model, losses.repeated_tokens(model, 25, 4, batch_size=4))
+    if extra and all(prev[l, h] > max(0.2, pm[l, h]) for l, h in extra):
+        return (f"you returned {got_list}: {', '.join(f'{l}.{h}' for l, h in extra)} attend to the previous token "
+                f"(previous-token score {', '.join(f'{prev[l, h]:.2f}' for l, h in extra)}), so they are "
+                "previous-token heads: find induction heads by prefix matching, not previous-token attention")
+
+    def listed(heads):
+        return ", ".join(f"{l}.{h} ({pm[l, h]:.2f})" for l, h in heads)
+
+    if extra and not missing:
+        return (f"you also returned heads whose prefix-matching score is below 0.3: {listed(extra)}; "
+                "keep only the heads above the threshold")
+    if missing and not extra:
+        return (f"you left out heads whose prefix-matching score is above 0.3: {listed(missing)}; "
+                "keep every head above the threshold")
+    return (f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3; "
+            f"yours score {listed(got_list) or 'nothing'})")
 
 
 @guarded

@@ -13,7 +13,8 @@ import torch
 from .. import losses, smeared
 from ..pretrained import validation_windows
 from ..scores import logit_attribution
-from ._core import Case, Diagnosis, guarded, random_model, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_model, random_tokens, report, run_check, shipped
+from ._run import probe
 
 __all__ = [
     "check_copy_losses",
@@ -92,6 +93,20 @@ def check_copy_losses(fn) -> bool:
 
 
 # ---- 7.3 smeared keys -----------------------------------------------------------------------------
+def _nan_gradient(fn, scores) -> bool:
+    """Whether the learner's smear passes NaN back to the weights where the reference's gradient
+    is finite (its forward values may still be right: inf - inf shows only in the backward pass)."""
+    weight = torch.tensor([0.3, 0.5, 0.7, 0.9], requires_grad=True)
+    got = probe(lambda s, w: (fn(s, w), w), Case("a gradient probe", (scores, weight), grad=True), time_limit=10)
+    try:
+        out, w = got
+        with torch.enable_grad():
+            (grad,) = torch.autograd.grad(out.softmax(-1)[..., 0].sum(), w)
+        return bool(torch.isnan(grad).any())
+    except Exception:  # no output, no graph, another shape: the check's cases say what is wrong
+        return False
+
+
 @guarded
 def check_smear_scores(fn) -> bool:
     """``smear_scores(scores [batch, head, q, k], weight [head]) -> same shape``."""
@@ -104,6 +119,13 @@ def check_smear_scores(fn) -> bool:
         Case("attn-only-1l scores, weights 0.3, 0.5, 0.7, 0.9", (real, torch.tensor([0.3, 0.5, 0.7, 0.9]))),
         Case("a random model's scores, weights 0.2 ... 0.8", (rs, torch.linspace(0.2, 0.8, 4)), kind="random"),
     ]
+
+    if _nan_gradient(fn, real):
+        return report("smear_scores", False, (
+            "your scores are right, but their gradient with respect to the weights is NaN: the masked "
+            "-inf entries meet inf - inf in the backward pass (weight · -inf + (1 - weight) · -inf), so "
+            "training the smear weight fails. Fill the masked entries with 0 before mixing, and mask "
+            "again after"))
 
     def swapped(e, c):
         return smeared.smear_scores(c.args[0], 1 - c.args[1])

@@ -80,7 +80,7 @@ def _compare_prev(got, expected, case) -> str | None:
         return pair
     W_Q, W_K = pair
     try:
-        score, by_offset = _prev_score(layout, W_Q, W_K)
+        score = _prev_score(layout, W_Q, W_K)[0]
     except ValueError as err:
         return f"{err} (this case's layout has d_model {layout.d_model}: read the sizes from the arguments)"
     if score >= PREV_TARGET:
@@ -96,16 +96,16 @@ def _compare_prev(got, expected, case) -> str | None:
         return (f"previous-token score {score:.2f}: your weights read only {min(n_q, n_k)} of the "
                 f"{layout.n_pos_pairs} sinusoid pairs; one pair repeats with its period, so far positions "
                 "look like the previous one: use every pair")
-    peak = int(by_offset.argmax())
+    c = _scale_reaches(lambda c: _prev_score(layout, c * W_Q, W_K)[0], PREV_TARGET)
+    if c is not None:  # scaling is advised only when it is verified to reach the target
+        return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up ({c:g}x is enough)"
+    peak = int(_prev_score(layout, 64 * W_Q, W_K)[1].argmax())  # where the head looks once sharp
     if peak != 1:
         where = "the token itself" if peak == 0 else f"{peak} tokens back"
         return (
             f"previous-token score {score:.2f}: the head looks mostly at {where}. Rotate the query's "
             "(sin, cos) pairs back by one position's angle, w, leave the key as it is"
         )
-    c = _scale_reaches(lambda c: _prev_score(layout, c * W_Q, W_K)[0], PREV_TARGET)
-    if c is not None:
-        return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up ({c:g}x is enough)"
     return (f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is at the previous token, but even "
             "1024 times W_Q does not make it sharp: other positions score almost as high")
 

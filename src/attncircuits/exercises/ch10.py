@@ -14,7 +14,7 @@ import functools
 import torch
 
 from ..deeper import fold_ln_into, folded, frozen_ln, loss_bump
-from ._core import Case, Diagnosis, random_tokens, run_check, shipped
+from ._core import Case, Diagnosis, guarded, random_tokens, run_check, shipped
 
 __all__ = ["check_fold_ln_into", "check_frozen_ln", "check_loss_bump"]
 
@@ -25,6 +25,7 @@ def _random_ln_case(seed: int, d_model: int, n_heads: int, d_head: int) -> tuple
             torch.randn(n_heads, d_model, d_head, generator=gen), torch.randn(n_heads, d_head, generator=gen))
 
 
+@guarded
 def check_fold_ln_into(fn) -> bool:
     """Exercise 10.1: ``fn(w_ln, b_ln, W, b) -> (W_folded, b_folded)``."""
     model = shipped("ln-mlp-4l").model
@@ -46,6 +47,11 @@ def check_fold_ln_into(fn) -> bool:
     def bias_kept(expected, case):
         return expected[0], case.args[3]
 
+    def centred_over_out(expected, case):
+        w, _, W, _ = case.args
+        F = w[:, None] * W
+        return F - F.mean(-1, keepdim=True), expected[1]
+
     def gain_dropped(expected, case):
         W = case.args[2]
         return W - W.mean(-2, keepdim=True), expected[1]
@@ -61,6 +67,8 @@ def check_fold_ln_into(fn) -> bool:
                       "not (w_ln * b_ln) @ W", scaled_bias),
             Diagnosis("the LayerNorm bias is not folded: b_ln @ W adds to the bias", bias_kept),
             Diagnosis("the gain is missing: scale row i of W (the d_model axis) by w_ln[i]", gain_dropped),
+            Diagnosis("centred over the wrong axis: subtract the mean over d_model (axis -2), the "
+                      "direction LayerNorm's output never has; not over d_out", centred_over_out),
         ],
         atol=1e-5,
         rtol=1e-4,
@@ -77,6 +85,7 @@ def _shipped_stack() -> tuple[torch.Tensor, torch.Tensor]:
     return stack, cache["resid_post", fm.cfg.n_layers - 1]
 
 
+@guarded
 def check_frozen_ln(fn) -> bool:
     """Exercise 10.2: ``fn(components, resid) -> [comp, ..., d_model]``."""
     gen = torch.Generator().manual_seed(4)
@@ -124,6 +133,7 @@ def check_frozen_ln(fn) -> bool:
     )
 
 
+@guarded
 def check_loss_bump(fn) -> bool:
     """Exercise 10.3: ``fn(values) -> float``, the largest rise above the lowest value so far."""
     history = shipped("ln-mlp-4l").history
@@ -141,6 +151,9 @@ def check_loss_bump(fn) -> bool:
     def one_step(expected, case):
         v = _vals(case)
         return max([0.0] + [b - a for a, b in zip(v, v[1:])])
+
+    def none_as_zero(expected, case):
+        return loss_bump([0.0 if v is None else v for v in case.args[0]])
 
     def max_minus_min(expected, case):
         v = _vals(case)
@@ -168,7 +181,8 @@ def check_loss_bump(fn) -> bool:
                       "a fall", max_minus_min),
             Diagnosis("that is the first bump only; keep going: the largest rise above the lowest "
                       "value so far", first_bump),
+            Diagnosis("a missing evaluation (None) was read as a loss of 0: leave it out", none_as_zero),
         ],
-        atol=1e-9,
-        rtol=1e-9,
+        atol=1e-7,
+        rtol=1e-6,  # a float32 answer holds the bump to about 1e-7
     )
