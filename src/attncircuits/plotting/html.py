@@ -88,7 +88,7 @@ def tokens_html(
         if line_breaks and "⏎" in text:
             spans.append("<br>")
     legend = (
-        f'<div style="font-size:80%;color:#555;margin-top:4px">shade: |weight|, full at {scale:.3g}'
+        f'<div style="font-size:80%;opacity:.75;margin-top:4px">shade: |weight|, full at {scale:.3g}'
         + (" (blue positive, red negative)" if (w < 0).any() else "")
         + ("; outlined: the query token" if highlight is not None else "")
         + "</div>"

@@ -62,7 +62,7 @@ class NextTokenExplorer(Explorer):
                 self.type_token(change["new"])
                 self.message.value = ""
             except (ValueError, TypeError) as err:
-                self.message.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
+                self.message.value = f"<span style='color:var(--pst-color-danger, #b00)'>{html.escape(str(err))}</span>"
 
         text.observe(on_text, names="value")
         return W.VBox([box, text, self.message])

@@ -108,7 +108,7 @@ def selector_html(
     if title:
         parts.append(f'<div style="font-weight:bold">{html.escape(title)}</div>')
     if note:
-        parts.append(f'<div style="font-size:0.8em;color:#555;margin-bottom:4px">{html.escape(note)}</div>')
+        parts.append(f'<div style="font-size:0.8em;opacity:.75;margin-bottom:4px">{html.escape(note)}</div>')
     for c, name in enumerate(names):
         parts.append(f'{"<br>" if c else ""}<span class="ac-name">{html.escape(name)}</span>')
         for i, (label, _) in enumerate(controls[name]):
