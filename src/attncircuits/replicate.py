@@ -103,6 +103,63 @@ def headline_numbers(models_dir: str | Path, names=modelset.SET_MODEL_NAMES) -> 
     return out
 
 
+# ---- the runs side by side (the reproduces page) -------------------------------------------------
+def committed_results(root: str | Path | None = None) -> dict[str, dict]:
+    """``{"seed n": models}`` from every ``replicates/seed-n/results.json`` (committed; the book reads
+    them and does not retrain), by seed."""
+    root = Path(root) if root is not None else REPO / "replicates"
+    found = []
+    for path in root.glob("seed-*/results.json"):
+        data = json.loads(path.read_text())
+        found.append((int(data["seed"]), data["models"]))
+    return {f"seed {seed}": models for seed, models in sorted(found)}
+
+
+def _fmt_heads(heads) -> str:
+    return ", ".join(sorted(heads)) or "none"
+
+
+#: (finding, model, how to read it off the model's numbers, "number" or "label")
+ACROSS_RUNS = [
+    ("validation loss, 0 layers", "attn-only-0l", lambda m: m["val_loss"], "number"),
+    ("validation loss, 1 layer", "attn-only-1l", lambda m: m["val_loss"], "number"),
+    ("validation loss, 2 layers", "attn-only-2l", lambda m: m["val_loss"], "number"),
+    ("1L: copying heads (of 4)", "attn-only-1l", lambda m: m["copying_heads"], "label"),
+    ("2L: previous-token head", "attn-only-2l", lambda m: m["prev_token_head"], "label"),
+    ("2L: its previous-token score", "attn-only-2l", lambda m: m["prev_token_score"], "number"),
+    ("2L: induction heads (prefix matching > 0.3)", "attn-only-2l", lambda m: _fmt_heads(m["induction_heads"]),
+     "label"),
+    ("2L: how many", "attn-only-2l", lambda m: len(m["induction_heads"]), "label"),
+    ("2L: best prefix-matching score", "attn-only-2l", lambda m: m["prefix_matching_max_per_layer"][-1], "number"),
+    ("2L: loss on the second copy of random tokens", "attn-only-2l", lambda m: m["repeated_loss_second"], "number"),
+    ("2L: ICL score, token 125 - token 12 (nats)", "attn-only-2l", lambda m: m["icl_score"], "number"),
+    ("2L: strongest K-composition", "attn-only-2l",
+     lambda m: f"{m['top_k_composition']['writer']} → {m['top_k_composition']['reader']}", "label"),
+    ("2L: its score above random (std)", "attn-only-2l", lambda m: m["top_k_composition"]["z"], "number"),
+    ("2L: the K-writer is the previous-token head", "attn-only-2l",
+     lambda m: "yes" if m["k_writer_is_prev_token_head"] else "no", "label"),
+]
+
+
+def across_runs(runs: dict[str, dict]) -> list[tuple]:
+    """One row per finding of :data:`ACROSS_RUNS`: ``(finding, value in each run..., spread)``; the
+    spread is max - min of a number, or whether the runs agree on a label. A
+    model a run has not trained yet shows as "-" and is left out of the spread."""
+    rows = []
+    for finding, model, read, kind in ACROSS_RUNS:
+        values = [read(models[model]) if model in models else None for models in runs.values()]
+        have = [v for v in values if v is not None]
+        if kind == "number":
+            cells = [f"{v:.3g}" if v is not None else "-" for v in values]
+            spread = f"{max(have) - min(have):.2g}" if len(have) > 1 else "-"
+        else:
+            cells = [str(v) if v is not None else "-" for v in values]
+            n = len(set(have))
+            spread = "-" if len(have) < 2 else f"same in all {len(have)}" if n == 1 else f"{n} different"
+        rows.append((finding, *cells, spread))
+    return rows
+
+
 # ---- the chapters under nbval --------------------------------------------------------------------
 def chapter_paths() -> list[Path]:
     return sorted((REPO / "notebooks").glob("[0-9]*.ipynb")) + [REPO / "book" / "reproduces.ipynb"]

@@ -1,0 +1,44 @@
+"""The reproduces page's runs side by side: each finding read from each run's headline numbers,
+with its spread; a run that has not trained a model shows "-" there."""
+
+import json
+
+from attncircuits.replicate import ACROSS_RUNS, across_runs, committed_results
+
+
+def _two_layer(prev, ind, k_writer_is_prev, loss):
+    return {"val_loss": loss, "prev_token_head": prev, "prev_token_score": 0.9, "induction_heads": ind,
+            "prefix_matching_max_per_layer": [0.01, max(ind.values(), default=0.0)],
+            "repeated_loss_second": 0.3, "icl_score": -0.5,
+            "top_k_composition": {"writer": prev, "reader": "1.3", "score": 0.17, "z": 30.0},
+            "k_writer_is_prev_token_head": k_writer_is_prev}
+
+
+def test_rows_compare_runs_and_leave_out_what_a_run_lacks():
+    runs = {"shipped": {"attn-only-2l": _two_layer("0.2", {"1.0": 0.9, "1.3": 0.8}, True, 2.96),
+                        "attn-only-0l": {"val_loss": 3.92}},
+            "seed 1": {"attn-only-2l": _two_layer("0.1", {"1.1": 0.92, "1.3": 0.9}, False, 3.06)}}
+    rows = {r[0]: r[1:] for r in across_runs(runs)}
+    assert len(rows) == len(ACROSS_RUNS)
+    assert rows["validation loss, 2 layers"] == ("2.96", "3.06", "0.1")
+    assert rows["validation loss, 0 layers"] == ("3.92", "-", "-")
+    assert rows["2L: previous-token head"] == ("0.2", "0.1", "2 different")
+    assert rows["2L: how many"] == ("2", "2", "same in all 2")
+    assert rows["2L: induction heads (prefix matching > 0.3)"] == ("1.0, 1.3", "1.1, 1.3", "2 different")
+    assert rows["2L: the K-writer is the previous-token head"] == ("yes", "no", "2 different")
+    assert rows["1L: copying heads (of 4)"] == ("-", "-", "-")
+
+
+def test_committed_results_are_read_by_seed(tmp_path):
+    for seed in (10, 2):
+        (tmp_path / f"seed-{seed}").mkdir()
+        (tmp_path / f"seed-{seed}" / "results.json").write_text(json.dumps({"seed": seed, "models": {"x": seed}}))
+    (tmp_path / "mine").mkdir()
+    assert committed_results(tmp_path) == {"seed 2": {"x": 2}, "seed 10": {"x": 10}}
+
+
+def test_the_committed_replicates_have_every_finding():
+    runs = committed_results()
+    assert {"seed 1", "seed 2"} <= set(runs)
+    for row in across_runs(runs):
+        assert row[1] != "-" and row[2] != "-" or row[0].startswith(("validation loss, 0", "validation loss, 1", "1L")), row
