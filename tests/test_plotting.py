@@ -28,7 +28,7 @@ from attncircuits.plotting import (  # noqa: E402
     smallest_text_px,
     tokens_html,
 )
-from attncircuits.plotting.base import shown_width_px  # noqa: E402
+from attncircuits.plotting.base import legibility, shown_width_px  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +228,7 @@ def test_every_figure_is_legible_in_the_book_column():
     for name, make in _chapter_figures():
         fig = make()
         assert isinstance(fig, Figure), name
-        px, width, clash = smallest_text_px(fig), shown_width_px(fig), plotting.overlapping_labels(fig)
+        px, width, clash = legibility(fig)
         if px < MIN_TEXT_PX or width > COLUMN_PX + 0.5 or clash:
             small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide, overlapping {clash[:3]}")
         seen += 1
@@ -246,6 +246,9 @@ def test_the_legibility_measure_catches_a_figure_scaled_down_too_far():
     ax = crowded.add_subplot()
     ax.set_xticks(range(40), [f"token{i}" for i in range(40)], fontsize=9)
     assert plotting.overlapping_labels(crowded)[0] == ("token0", "token1")
+    # one drawing gives what the three measures give one by one
+    assert legibility(fig) == (smallest_text_px(fig), shown_width_px(fig), plotting.overlapping_labels(fig))
+    assert legibility(crowded)[2] == plotting.overlapping_labels(crowded)
 
 
 # ---- shown once in a notebook -----------------------------------------------------------------

@@ -210,6 +210,21 @@ def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
     """Pairs of neighbouring tick labels on one axis whose drawn boxes overlap (unreadable however
     large they are)."""
     shown_width_px(fig)  # draws the figure
+    return _overlaps(fig)
+
+
+def legibility(fig: Figure, column_px: float = COLUMN_PX) -> tuple[float, float, list[tuple[str, str]]]:
+    """``(smallest text in px, shown width in px, overlapping tick labels)`` of ``fig`` in a column
+    ``column_px`` wide, from one drawing (:func:`smallest_text_px`, :func:`shown_width_px` and
+    :func:`overlapping_labels` each draw the figure)."""
+    width = shown_width_px(fig)
+    scale = min(1.0, column_px / width)
+    sizes = [t.get_fontsize() * fig.dpi / 72 * scale for t in _drawn_texts(fig)]
+    return min(sizes, default=float("inf")), width, _overlaps(fig)
+
+
+def _overlaps(fig: Figure) -> list[tuple[str, str]]:
+    """:func:`overlapping_labels` of a figure just drawn."""
     renderer = fig.canvas.get_renderer()
     out = []
     for ax in fig.axes:
