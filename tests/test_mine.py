@@ -97,3 +97,11 @@ def test_a_chapter_runs_counts_are_read_from_junit_and_the_claims_log(tmp_path):
     log.write_text('{"text": "a", "held": true, "measured": "1", "models": "x"}\n'
                    '{"text": "b", "held": false, "measured": "2", "models": "x"}\n')
     assert _claim_counts(log) == {"claims": 2, "claims_held": 1, "claims_not_held": ["b (measured: 2)"]}
+
+
+def test_the_printed_command_names_how_many_files_not_each_one():
+    from attncircuits.replicate import _shown
+
+    argv = ["--preset", "attn-only-0l", "--corpus-files", *[f"f{i}.py" for i in range(258)], "--steps", "1000"]
+    assert _shown(argv) == "--preset attn-only-0l --corpus-files f0.py f1.py ... (258 files) --steps 1000"
+    assert _shown(["--corpus-files", "a.py", "b.py", "c.py", "--out", "o"]) == "--corpus-files a.py b.py c.py --out o"

@@ -211,6 +211,20 @@ def _claim_counts(path: Path) -> dict:
 
 
 # ---- make replicate ------------------------------------------------------------------------------
+def _shown(argv: list[str], keep: int = 2) -> str:
+    """The command line as printed: a long list of values after one flag (a corpus's files) shows
+    its first ``keep`` and how many there are, so the line stays readable."""
+    out, i = [], 0
+    while i < len(argv):
+        out.append(argv[i])
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        values = argv[i + 1 : j]
+        out += values if len(values) <= keep + 1 else [*values[:keep], f"... ({len(values)} files)"]
+        i = j
+    return " ".join(out)
+
 def train_set(out: Path, train_args: dict[str, list[str]], threads: int | None = 1) -> None:
     """Train each model of ``out`` not trained yet with the training CLI (``train_args[name]``: its
     flags besides --out), continuing an interrupted one with --resume. Exits as the CLI does on a
@@ -224,7 +238,7 @@ def train_set(out: Path, train_args: dict[str, list[str]], threads: int | None =
         resume = (partial_dir(target) / RESUME_SUBDIR / "state.json").is_file()
         argv = [*flags, "--out", str(target)] + (["--threads", str(threads)] if threads else []) + \
                (["--resume"] if resume else [])
-        print(f"replicate: python -m attncircuits.train {' '.join(argv)}", flush=True)
+        print(f"replicate: python -m attncircuits.train {_shown(argv)}", flush=True)
         try:
             run(parser().parse_args(argv))
         except Refused as err:
