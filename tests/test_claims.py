@@ -33,12 +33,15 @@ def test_on_another_set_a_claim_that_fails_prints_one_line_and_the_chapter_runs_
     assert claims.claim("head 0.2 is the previous-token head", np.bool_(False), {"head": "0.1", "score": 0.8277}) is False
     assert claims.claim("the second copy is easier", np.float64(0.7) < 8.6, (8.6, 0.7)) is True
     out = capsys.readouterr().out
-    assert out == "claim not held: head 0.2 is the previous-token head (measured: {head: 0.1, score: 0.8277})\n"
+    assert out == ("claim not held: head 0.2 is the previous-token head (measured: {head: 0.1,\n"
+                   "    score: 0.8277})\n")  # folded to the book's 79 columns
     text = claims.summary()
     assert text.splitlines() == [
         f"1 of 2 claims held on the models in {tmp_path / 'seed-1'}",
-        "  not held: head 0.2 is the previous-token head (measured: {head: 0.1, score: 0.8277})",
+        "  not held: head 0.2 is the previous-token head (measured: {head: 0.1, score:",
+        "      0.8277})",
     ]
+    assert max(len(line) for line in text.splitlines()[1:]) <= claims.WIDTH
     assert capsys.readouterr().out == text + "\n"
 
 

@@ -9,7 +9,8 @@ On the shipped models a claim is an assertion, as a bare ``assert`` was: when it
 :func:`claim` raises ``AssertionError`` naming the claim and the measured value, so nbval fails.
 On another set of models (``ATTNCIRCUITS_MODELS``, see :mod:`attncircuits.modelset`) the chapter is
 an experiment instead: a claim that does not hold prints one line,
-``claim not held: <text> (measured: <value>)``, and the chapter runs on. Every claim is recorded
+``claim not held: <text> (measured: <value>)`` (wrapped at the book's 79 columns, continuation
+lines indented), and the chapter runs on. Every claim is recorded
 (in this kernel) for :func:`summary`, and, when ``ATTNCIRCUITS_CLAIMS_LOG`` names a file, appended to
 it as one JSON line, so that ``make replicate`` can count the claims that held in each chapter.
 """
@@ -19,11 +20,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from dataclasses import asdict, dataclass
 
 from . import modelset
 
 LOG_ENV = "ATTNCIRCUITS_CLAIMS_LOG"
+#: the widest line a chapter may print (``tests/notebook_pages.py``'s ``LINE_LIMIT``)
+WIDTH = 79
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,13 @@ def claim(text: str, ok, measured=None) -> bool:
     if not held:
         if c.models == "shipped":
             raise AssertionError(f"claim not held: {c.text} (measured: {c.measured})")
-        print(f"claim not held: {c.text} (measured: {c.measured})")
+        print(_wrap(f"claim not held: {c.text} (measured: {c.measured})"))
     return held
+
+
+def _wrap(line: str, indent: str = "    ") -> str:
+    """``line`` folded to :data:`WIDTH` columns, as the book's column shows a printed line."""
+    return textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def results() -> list[Claim]:
@@ -105,7 +114,7 @@ def summary() -> str:
     failed = [c for c in _record if not c.held]
     where = "the shipped models" if models_in_use() == "shipped" else f"the models in {models_in_use()}"
     lines = [f"{len(held)} of {len(_record)} claims held on {where}"]
-    lines += [f"  not held: {c.text} (measured: {c.measured})" for c in failed]
+    lines += [_wrap(f"  not held: {c.text} (measured: {c.measured})", "      ") for c in failed]
     text = "\n".join(lines)
     print(text)
     return text
