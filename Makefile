@@ -89,7 +89,8 @@ CHROMIUM_FLAGS = --headless --no-sandbox --disable-gpu --disable-background-netw
   --disable-sync --no-first-run --disable-quic '--host-resolver-rules=MAP * ~NOTFOUND' --hide-scrollbars
 # pydata-sphinx-theme reads the mode from localStorage in its first script: set it before that runs.
 THEME_JS = <script>localStorage.setItem("mode","$(SHOT_THEME)");localStorage.setItem("theme","$(SHOT_THEME)");document.documentElement.dataset.mode="$(SHOT_THEME)";document.documentElement.dataset.theme="$(SHOT_THEME)"</script>
-PAGE_HEIGHT_JS = <script>window.addEventListener("load",()=>{document.body.dataset.h=document.documentElement.scrollHeight})</script>
+# The page's height once MathJax has typeset it (it grows the page after "load", most on a phone).
+PAGE_HEIGHT_JS = <script>window.addEventListener("load",()=>setTimeout(()=>{document.body.dataset.h=document.documentElement.scrollHeight},4000))</script>
 TILE_PNG = import sys; from PIL import Image; src, tile = sys.argv[1], int(sys.argv[2]); im = Image.open(src); \
   [im.crop((0, y, im.width, min(y + tile, im.height))).save(src.replace(".full.png", "-%02d.png" % (y // tile + 1))) \
    for y in range(0, im.height, tile)]; print(src.replace(".full.png", ""), -(-im.height // tile), "tiles")
@@ -104,7 +105,7 @@ screenshots: venv
 	  sed 's|<head>|<head>$(THEME_JS)|' $$f > $$f.shot.html; \
 	  cp $$f.shot.html $$f.height.html && echo '$(PAGE_HEIGHT_JS)' >> $$f.height.html; \
 	  profile=$$(mktemp -d); h=$$(timeout 120 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \
-	    --window-size=$(SHOT_WIDTH),$(SHOT_TILE) --dump-dom file://$(CURDIR)/$$f.height.html 2>/dev/null \
+	    --window-size=$(SHOT_WIDTH),$(SHOT_TILE) --virtual-time-budget=10000 --dump-dom file://$(CURDIR)/$$f.height.html 2>/dev/null \
 	    | grep -o 'data-h="[0-9]*"' | tr -dc 0-9); rm -rf $$profile $$f.height.html; \
 	  [ -n "$$h" ] || { echo "chromium could not measure $$f" >&2; exit 1; }; \
 	  profile=$$(mktemp -d); timeout 600 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \

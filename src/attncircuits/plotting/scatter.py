@@ -79,7 +79,8 @@ def eigenvalue_planes(
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
         ticks = [-big, 0.0, big]  # the outermost eigenvalue's size, so the log axes have a scale
-        labels = [f"{-big:.2g}", "0", f"{big:.2g}"]
+        size = f"{big:.0f}" if big >= 10 else f"{big:.2g}"  # 450, not 4.5e+02
+        labels = [f"-{size}", "0", size]
         ax.set_xticks(ticks, labels, fontsize=SMALL_PT)
         ax.set_yticks(ticks, labels, fontsize=SMALL_PT)
         ax.minorticks_off()
