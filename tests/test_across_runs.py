@@ -42,3 +42,19 @@ def test_the_committed_replicates_have_every_finding():
     assert {"seed 1", "seed 2"} <= set(runs)
     for row in across_runs(runs):
         assert row[1] != "-" and row[2] != "-" or row[0].startswith(("validation loss, 0", "validation loss, 1", "1L")), row
+
+
+def test_a_replicate_in_use_is_shown_once(tmp_path, monkeypatch):
+    from attncircuits import modelset, replicate
+
+    seen = []
+    monkeypatch.setattr(replicate, "headline_numbers", lambda d: seen.append(d) or {"models": {"dir": str(d)}})
+    monkeypatch.delenv(modelset.ENV, raising=False)
+    for seed in (1, 2):
+        (tmp_path / f"seed-{seed}").mkdir()
+        (tmp_path / f"seed-{seed}" / "results.json").write_text(json.dumps({"seed": seed, "models": {}}))
+    assert list(replicate.runs_to_compare(tmp_path)) == ["shipped", "seed 1", "seed 2"]
+    assert seen == [modelset.SHIPPED_DIR]
+    (tmp_path / "seed-1" / modelset.SET_FILE).write_text(json.dumps({"kind": "replicate", "seed": 1}))
+    monkeypatch.setattr(modelset, "current_dir", lambda: tmp_path / "seed-1")
+    assert list(replicate.runs_to_compare(tmp_path)) == ["in use: seed-1", "seed 2"]

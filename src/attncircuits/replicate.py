@@ -115,6 +115,19 @@ def committed_results(root: str | Path | None = None) -> dict[str, dict]:
     return {f"seed {seed}": models for seed, models in sorted(found)}
 
 
+def runs_to_compare(root: str | Path | None = None) -> dict[str, dict]:
+    """The models in use (measured now: the shipped ones, or the set ``ATTNCIRCUITS_MODELS`` names)
+    beside every committed replicate (:func:`committed_results`), a replicate in use shown once."""
+    here = modelset.current_dir()
+    label = "shipped" if here is None else f"in use: {here.name}"
+    runs = {label: headline_numbers(here or modelset.SHIPPED_DIR)["models"]}
+    seed = None
+    if here is not None and (here / modelset.SET_FILE).is_file():
+        seed = json.loads((here / modelset.SET_FILE).read_text()).get("seed")
+    runs.update({k: v for k, v in committed_results(root).items() if k != f"seed {seed}"})
+    return runs
+
+
 def _fmt_heads(heads) -> str:
     return ", ".join(sorted(heads)) or "none"
 
