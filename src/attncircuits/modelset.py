@@ -28,6 +28,7 @@ against their manifest) is :mod:`attncircuits.pretrained`'s.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -199,3 +200,29 @@ def check_model_set() -> str:
         return "models: the shipped ones"
     corpus = "the shipped corpus" if ms.shipped_corpus else f"the corpus in {ms.corpus_dir}"
     return f"models: the set in {ms.directory} ({ENV}), on {corpus}"
+
+
+@contextlib.contextmanager
+def shipped_models():
+    """Inside the block the shipped models and corpus are read, whatever ``ATTNCIRCUITS_MODELS``
+    names (the exercise checks judge a learner's function on the inputs their messages name)."""
+    saved = os.environ.pop(ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[ENV] = saved
+
+
+def use_shipped_unless_set_has(name: str) -> str:
+    """For a chapter built on ``name`` (chapter 10's ``ln-mlp-4l``): when the set in use reads its own
+    tokenizer and has no ``name``, which could not read the set's text, the chapter runs on the
+    shipped models instead (``ATTNCIRCUITS_MODELS`` is unset for this process) and the line returned
+    says so; otherwise nothing changes and it returns ""."""
+    ms = check()
+    if ms is None or ms.shipped_corpus or (ms.directory / name).is_dir():
+        return ""
+    os.environ.pop(ENV, None)
+    return (f"models: the shipped ones; the set in {ms.directory} reads its own tokenizer and has no {name}, "
+            f"which reads the shipped text (train one there with `python -m attncircuits.train --preset {name} "
+            f"--corpus-files ... --out {ms.directory / name}`)")

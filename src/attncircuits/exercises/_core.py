@@ -77,6 +77,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from .. import modelset
 from ..model import AttnOnlyConfig, AttnOnlyTransformer
 from ..pretrained import load_pretrained
 from ._compare import _close, _describe_type, _finite, _generic_mismatch, _numbers_as_list, _structure
@@ -171,7 +172,7 @@ def guarded(check: Callable[[Callable], bool]) -> Callable[[Callable], bool]:
     def run(fn, *args, **kwargs) -> bool:
         dtype, threads, grad = torch.get_default_dtype(), torch.get_num_threads(), torch.is_grad_enabled()
         try:
-            with torch.random.fork_rng():
+            with torch.random.fork_rng(), modelset.shipped_models():
                 torch.set_default_dtype(torch.float32)
                 torch.set_grad_enabled(False)
                 torch.set_num_threads(1)

@@ -7,6 +7,7 @@ The legibility rule and the numbers behind it are stated in :mod:`attncircuits.p
 from __future__ import annotations
 
 import io
+import warnings
 import textwrap
 from typing import Mapping, Sequence
 
@@ -59,7 +60,9 @@ def release(fig) -> None:
 def figure_png(fig: Figure) -> bytes:
     """The PNG a notebook shows for ``fig``: its own dpi, cropped to what is drawn."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", pad_inches=PAD_IN, facecolor="white")
+    with warnings.catch_warnings():  # a token the font lacks shows as a box, not as a warning in the page
+        warnings.filterwarnings("ignore", message=r"Glyph .* missing from", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", pad_inches=PAD_IN, facecolor="white")
     return buf.getvalue()
 
 
