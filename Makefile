@@ -89,7 +89,8 @@ CHROMIUM_FLAGS = --headless --no-sandbox --disable-gpu --disable-background-netw
   --disable-sync --no-first-run --disable-quic '--host-resolver-rules=MAP * ~NOTFOUND' --hide-scrollbars
 # pydata-sphinx-theme reads the mode from localStorage in its first script: set it before that runs.
 THEME_JS = <script>localStorage.setItem("mode","$(SHOT_THEME)");localStorage.setItem("theme","$(SHOT_THEME)");document.documentElement.dataset.mode="$(SHOT_THEME)";document.documentElement.dataset.theme="$(SHOT_THEME)"</script>
-# The page's height once MathJax has typeset it (it grows the page after "load", most on a phone).
+# The page's height once MathJax has typeset it (it grows the page after "load", most on a phone;
+# the shot adds a quarter, as a narrow page can still grow after the measure).
 PAGE_HEIGHT_JS = <script>window.addEventListener("load",()=>setTimeout(()=>{document.body.dataset.h=document.documentElement.scrollHeight},4000))</script>
 TILE_PNG = import sys; from PIL import Image; src, tile = sys.argv[1], int(sys.argv[2]); im = Image.open(src); \
   [im.crop((0, y, im.width, min(y + tile, im.height))).save(src.replace(".full.png", "-%02d.png" % (y // tile + 1))) \
@@ -108,6 +109,7 @@ screenshots: venv
 	    --window-size=$(SHOT_WIDTH),$(SHOT_TILE) --virtual-time-budget=10000 --dump-dom file://$(CURDIR)/$$f.height.html 2>/dev/null \
 	    | grep -o 'data-h="[0-9]*"' | tr -dc 0-9); rm -rf $$profile $$f.height.html; \
 	  [ -n "$$h" ] || { echo "chromium could not measure $$f" >&2; exit 1; }; \
+	  h=$$((h + h / 4)); \
 	  profile=$$(mktemp -d); timeout 600 $(CHROMIUM) $(CHROMIUM_FLAGS) --user-data-dir=$$profile \
 	    --window-size=$(SHOT_WIDTH),$$h --virtual-time-budget=10000 \
 	    --screenshot=$$out.full.png file://$(CURDIR)/$$f.shot.html 2>/dev/null; rc=$$?; rm -rf $$profile $$f.shot.html; \
