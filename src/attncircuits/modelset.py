@@ -180,8 +180,7 @@ def model_dir(name: str) -> Path:
         return ms.directory / name
     if not ms.shipped_corpus:
         raise ModelSetError(f"{ENV}={ms.directory} has no {name} and reads its own tokenizer, so the shipped {name} "
-                            f"cannot read its text; train one with `python -m attncircuits.train --preset {name} "
-                            f"--corpus-files ... --out {ms.directory / name}`, {_UNSET}")
+                            f"cannot read its text; train one with {_train_one(ms, name)}, {_UNSET}")
     return SHIPPED_DIR / name
 
 
@@ -224,5 +223,9 @@ def use_shipped_unless_set_has(name: str) -> str:
         return ""
     os.environ.pop(ENV, None)
     return (f"models: the shipped ones; the set in {ms.directory} reads its own tokenizer and has no {name}, "
-            f"which reads the shipped text (train one there with `python -m attncircuits.train --preset {name} "
-            f"--corpus-files ... --out {ms.directory / name}`)")
+            f"which reads the shipped text (train one there with {_train_one(ms, name)})")
+
+
+def _train_one(ms: ModelSet, name: str) -> str:
+    """The command that trains ``name`` into the set ``ms``, as the messages quote it."""
+    return f"`python -m attncircuits.train --preset {name} --corpus-files ... --out {ms.directory / name}`"

@@ -238,6 +238,7 @@ def _shown(argv: list[str], keep: int = 2) -> str:
         i = j
     return " ".join(out)
 
+
 def train_set(out: Path, train_args: dict[str, list[str]], threads: int | None = 1) -> None:
     """Train each model of ``out`` not trained yet with the training CLI (``train_args[name]``: its
     flags besides --out), continuing an interrupted one with --resume. Exits as the CLI does on a

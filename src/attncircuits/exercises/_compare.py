@@ -168,6 +168,11 @@ def _shifted(g: Tensor, e: Tensor, atol: float, rtol: float) -> str | None:
     return None
 
 
+def _digits_apart(a: float, b: float, start: int) -> int:
+    """The fewest significant digits, from ``start``, at which ``a`` and ``b`` print differently."""
+    return next((d for d in range(start, 17) if f"{a:.{d}g}" != f"{b:.{d}g}"), 17)
+
+
 def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None = None) -> str:
     """Name a symptom computed from the answer: all zeros, the wrong sign, a transpose, a shift by
     one, a factor that is an axis length, ln 2, 100 or a square root; else the largest difference."""
@@ -187,7 +192,7 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
             name = _factor_name(g / expected, dims)
             if name:
                 return f"got {g:.6g}, expected {expected:.6g}: {name}"
-        digits = next((d for d in range(6, 17) if f"{g:.{d}g}" != f"{expected:.{d}g}"), 17)
+        digits = _digits_apart(g, expected, 6)
         return f"got {g:.{digits}g}, expected {expected:.{digits}g}"
     if not isinstance(expected, Tensor):
         return "the values differ"
@@ -233,7 +238,7 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
             f"{int(g[idx])}, expected {int(e[idx])})"
         )
     gi, ei = float(g[idx]), float(e[idx])
-    digits = next((d for d in range(5, 17) if f"{gi:.{d}g}" != f"{ei:.{d}g}"), 17)  # enough to tell them apart
+    digits = _digits_apart(gi, ei, 5)
     return (
         f"values differ by up to {float(diff.max()):.3g} (at index {list(idx)}: got {gi:.{digits}g}, "
         f"expected {ei:.{digits}g})"

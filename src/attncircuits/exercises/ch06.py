@@ -152,19 +152,20 @@ def _compare_heads(got, expected, case) -> str | None:
         return (f"you looked only at layer 1 ({got_list}); this model's induction heads are in layer 2: "
                 "score every layer's heads")
     model = case.args[0]
-    pm = scores.prefix_matching_scores(model, batch_size=8)
     cfg = model.cfg
     if any(not (0 <= l < cfg.n_layers and 0 <= h < cfg.n_heads) for l, h in got_list):
         layers = "one layer, layer 0" if cfg.n_layers == 1 else f"layers 0-{cfg.n_layers - 1}"
         return (f"you returned {got_list}, but this model has {layers}, with heads 0-{cfg.n_heads - 1}: "
                 "score the heads of the model you are given")
+    pm = scores.prefix_matching_scores(model, batch_size=8)
     extra = sorted(set(got_list) - set(expected))
     missing = sorted(set(expected) - set(got_list))
-    prev = scores.previous_token_scores(model, losses.repeated_tokens(model, 25, 4, batch_size=4))
-    if extra and all(prev[l, h] > max(0.2, pm[l, h]) for l, h in extra):
-        return (f"you returned {got_list}: {', '.join(f'{l}.{h}' for l, h in extra)} attend to the previous token "
-                f"(previous-token score {', '.join(f'{prev[l, h]:.2f}' for l, h in extra)}), so they are "
-                "previous-token heads: find induction heads by prefix matching, not previous-token attention")
+    if extra:
+        prev = scores.previous_token_scores(model, losses.repeated_tokens(model, 25, 4, batch_size=4))
+        if all(prev[l, h] > max(0.2, pm[l, h]) for l, h in extra):
+            return (f"you returned {got_list}: {', '.join(f'{l}.{h}' for l, h in extra)} attend to the previous "
+                    f"token (previous-token score {', '.join(f'{prev[l, h]:.2f}' for l, h in extra)}), so they "
+                    "are previous-token heads: find induction heads by prefix matching, not previous-token attention")
 
     def listed(heads):
         return ", ".join(f"{l}.{h} ({pm[l, h]:.2f})" for l, h in heads)

@@ -94,8 +94,9 @@ def check_copy_losses(fn) -> bool:
 
 # ---- 7.3 smeared keys -----------------------------------------------------------------------------
 def _nan_gradient(fn, scores) -> bool:
-    """Whether the learner's smear passes NaN back to the weights where the reference's gradient
-    is finite (its forward values may still be right: inf - inf shows only in the backward pass)."""
+    """Whether the learner's smear passes NaN back to the weights (the reference's gradient is
+    finite; the learner's forward values may still be right: inf - inf shows only in the backward
+    pass)."""
     weight = torch.tensor([0.3, 0.5, 0.7, 0.9], requires_grad=True)
     got = probe(lambda s, w: (fn(s, w), w), Case("a gradient probe", (scores, weight), grad=True), time_limit=10)
     try:

@@ -7,8 +7,8 @@ The legibility rule and the numbers behind it are stated in :mod:`attncircuits.p
 from __future__ import annotations
 
 import io
-import warnings
 import textwrap
+import warnings
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -205,7 +205,12 @@ def shown_width_px(fig: Figure) -> float:
 def text_sizes_px(fig: Figure, column_px: float = COLUMN_PX) -> list[tuple[float, str]]:
     """``(size in px, text)`` of every text in ``fig`` as a reader sees it in a column
     ``column_px`` wide: the figure is shown at its own size, or scaled down to the column."""
-    scale = min(1.0, column_px / shown_width_px(fig))
+    return _sizes_px(fig, shown_width_px(fig), column_px)
+
+
+def _sizes_px(fig: Figure, width_px: float, column_px: float) -> list[tuple[float, str]]:
+    """:func:`text_sizes_px` of a figure just drawn, ``width_px`` wide."""
+    scale = min(1.0, column_px / width_px)
     return sorted((t.get_fontsize() * fig.dpi / 72 * scale, t.get_text()) for t in _drawn_texts(fig))
 
 
@@ -221,9 +226,8 @@ def legibility(fig: Figure, column_px: float = COLUMN_PX) -> tuple[float, float,
     ``column_px`` wide, from one drawing (:func:`smallest_text_px`, :func:`shown_width_px` and
     :func:`overlapping_labels` each draw the figure)."""
     width = shown_width_px(fig)
-    scale = min(1.0, column_px / width)
-    sizes = [t.get_fontsize() * fig.dpi / 72 * scale for t in _drawn_texts(fig)]
-    return min(sizes, default=float("inf")), width, _overlaps(fig)
+    sizes = _sizes_px(fig, width, column_px)
+    return (sizes[0][0] if sizes else float("inf")), width, _overlaps(fig)
 
 
 def _overlaps(fig: Figure) -> list[tuple[str, str]]:
