@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
       "circuits/copying", "circuits/composition", "circuits/two_layer_paths", "circuits/induction", "circuits/__init__"]),
     ("losses and ablations", ["losses"]),
     ("attention patterns and scores", ["scores"]),
-    ("training and its command line", ["train/presets", "train/__init__", "run_folder", "train_cli", "train/__main__", "replicate", "mine"]),
+    ("training and its command line", ["train/presets", "train/__init__", "run_folder", "train_cli", "train/__main__", "trainset", "replicate", "mine"]),
     ("models built or changed by hand", ["smeared", "handbuilt", "live"]),
     ("TransformerLens", ["interop", "deeper"]),
     ("explorers (widgets/)", ["widgets/static", "widgets/explorer", "widgets/chapters", "widgets/__init__"]),

@@ -2,10 +2,17 @@
 ATTNCIRCUITS_MODELS, measured by the replicate's headline numbers and checked by the claims
 machinery; corpora the course cannot use are refused before anything is written."""
 
+import json
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from attncircuits import claims, mine, modelset, pretrained
 from attncircuits.replicate import _claim_counts, _junit_counts, headline_numbers
+from attncircuits.trainset import LANES, shown, train_set
 
 TINY = ["--steps", "4", "--eval-every", "4", "--batch-size", "4", "--eval-batches", "1", "--warmup-steps", "1"]
 TINY_RECIPE = {name: TINY + (["--snapshot-steps", "0", "2"] if name.endswith("2l") else []) for name in modelset.SET_MODEL_NAMES}
@@ -100,8 +107,43 @@ def test_a_chapter_runs_counts_are_read_from_junit_and_the_claims_log(tmp_path):
 
 
 def test_the_printed_command_names_how_many_files_not_each_one():
-    from attncircuits.replicate import _shown
-
     argv = ["--preset", "attn-only-0l", "--corpus-files", *[f"f{i}.py" for i in range(258)], "--steps", "1000"]
-    assert _shown(argv) == "--preset attn-only-0l --corpus-files f0.py f1.py ... (258 files) --steps 1000"
-    assert _shown(["--corpus-files", "a.py", "b.py", "c.py", "--out", "o"]) == "--corpus-files a.py b.py c.py --out o"
+    assert shown(argv) == "--preset attn-only-0l --corpus-files f0.py f1.py ... (258 files) --steps 1000"
+    assert shown(["--corpus-files", "a.py", "b.py", "c.py", "--out", "o"]) == "--corpus-files a.py b.py c.py --out o"
+
+
+def _flags(tiny_set, corpus, extra):
+    files = [str(p) for p in sorted(corpus.rglob("*.py"))]
+    return ["--corpus-files", *files, "--tokenizer", str(tiny_set / "corpus" / "tokenizer.json"), *extra]
+
+
+def test_side_by_side_a_refused_model_stops_its_lane_and_the_others_train(tiny_set, corpus, tmp_path, capsys):
+    args = {name: ["--preset", name, *_flags(tiny_set, corpus, TINY_RECIPE[name])] for name in modelset.SET_MODEL_NAMES}
+    args["attn-only-0l"] += ["--lr", "-1"]
+    with pytest.raises(SystemExit) as stop:
+        train_set(tmp_path, args, lanes=LANES)
+    assert stop.value.code == 2
+    # the 0-layer model's lane stops (the 1-layer model waits for the same command once it is fixed)
+    assert pretrained.is_checkpoint_dir(tmp_path / "attn-only-2l")
+    assert not (tmp_path / "attn-only-0l").exists() and not (tmp_path / "attn-only-1l").exists()
+    err = capsys.readouterr().err
+    assert "replicate: error: attn-only-0l stopped (exit 2, see its message above)" in err
+
+
+def test_side_by_side_an_interrupt_reaches_every_model_and_each_keeps_its_state(tiny_set, corpus, tmp_path):
+    endless = ["--steps", "100000", "--eval-every", "100000", "--batch-size", "4", "--eval-batches", "1"]
+    args = {name: ["--preset", name, *_flags(tiny_set, corpus, endless)] for name in modelset.SET_MODEL_NAMES}
+    script = ("import json, sys; from pathlib import Path; from attncircuits.trainset import LANES, train_set; "
+              f"train_set(Path({str(tmp_path)!r}), json.loads(sys.argv[1]), lanes=LANES)")
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen, deadline = "", time.time() + 120
+    while not ("0L:" in seen and "2L:" in seen) and time.time() < deadline:  # both are training
+        seen += proc.stderr.read(1)
+    proc.send_signal(signal.SIGINT)  # to this process only, as `kill -INT` would
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted; what each model had done is kept: run the same command again" in err
+    for name in ("attn-only-0l", "attn-only-2l"):
+        assert (pretrained.partial_dir(tmp_path / name) / pretrained.RESUME_SUBDIR / "state.json").is_file(), name
+    assert not (tmp_path / "attn-only-1l").exists()

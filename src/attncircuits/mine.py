@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from . import data, modelset
-from .replicate import train_set
+from .trainset import default_lanes, train_set
 from .train import prepare_corpus
 
 #: the tokenizer's size: a quarter of the shipped 2,048, so the unembedding (most of a step's cost
@@ -84,7 +84,8 @@ def check_corpus(corpus: data.Corpus, vocab: int, min_train: int, min_val: int) 
 
 
 def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]] = RECIPE, vocab: int = VOCAB,
-               min_train: int = MIN_TRAIN_TOKENS, min_val: int = MIN_VALIDATION_TOKENS, threads: int | None = 1) -> Path:
+               min_train: int = MIN_TRAIN_TOKENS, min_val: int = MIN_VALIDATION_TOKENS, threads: int | None = 1,
+               side_by_side: bool = True) -> Path:
     """Make the set (see the module's docstring); returns its absolute folder."""
 
     out = Path(os.path.abspath(out))
@@ -112,7 +113,7 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
             tok_path.unlink(missing_ok=True)
     flags = {name: ["--preset", name, "--corpus-files", *map(str, files),
                     "--tokenizer", str(corpus_dir / "tokenizer.json"), *recipe[name]] for name in modelset.SET_MODEL_NAMES}
-    train_set(out, flags, threads)
+    train_set(out, flags, threads, lanes=default_lanes() if side_by_side else None)
     modelset.check(out)
     return out
 
@@ -121,10 +122,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m attncircuits.mine", description=__doc__.split("\n\n")[0])
     p.add_argument("corpus", nargs="+", help="glob patterns of text files, quoted (e.g. 'src/**/*.py')")
     p.add_argument("--out", type=Path, required=True, help="the new set's folder")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per model (default 1)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="train the models one after the other in this process (default: side by side on 2+ cores)")
     args = p.parse_args(argv)
     try:
-        out = train_mine(args.corpus, args.out, threads=args.threads)
+        out = train_mine(args.corpus, args.out, threads=args.threads, side_by_side=not args.one_at_a_time)
     except Refused as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -30,9 +30,9 @@ from .circuits import composition_scores, copying_summary
 from .heads import head_name
 from .losses import icl_scores_per_row, per_token_loss, repeated_token_loss
 from .model import loss_fn
-from .pretrained import RESUME_SUBDIR, is_checkpoint_dir, load_checkpoint, partial_dir, validation_windows
+from .pretrained import is_checkpoint_dir, load_checkpoint, validation_windows
 from .scores import head_scores
-from .train_cli import Interrupted, Refused, parser, run
+from .trainset import default_lanes, train_set
 
 #: a layer-1 head is an induction head when its prefix-matching score is above this (the reproduces page's)
 INDUCTION_THRESHOLD = 0.3
@@ -224,48 +224,13 @@ def _claim_counts(path: Path) -> dict:
 
 
 # ---- make replicate ------------------------------------------------------------------------------
-def _shown(argv: list[str], keep: int = 2) -> str:
-    """The command line as printed: a long list of values after one flag (a corpus's files) shows
-    its first ``keep`` and how many there are, so the line stays readable."""
-    out, i = [], 0
-    while i < len(argv):
-        out.append(argv[i])
-        j = i + 1
-        while j < len(argv) and not argv[j].startswith("--"):
-            j += 1
-        values = argv[i + 1 : j]
-        out += values if len(values) <= keep + 1 else [*values[:keep], f"... ({len(values)} files)"]
-        i = j
-    return " ".join(out)
-
-
-def train_set(out: Path, train_args: dict[str, list[str]], threads: int | None = 1) -> None:
-    """Train each model of ``out`` not trained yet with the training CLI (``train_args[name]``: its
-    flags besides --out), continuing an interrupted one with --resume. Exits as the CLI does on a
-    refused command or Ctrl-C (the progress is kept; the same command continues)."""
-
-    for name, flags in train_args.items():
-        target = out / name
-        if is_checkpoint_dir(target):
-            print(f"replicate: {target} is trained; kept", flush=True)
-            continue
-        resume = (partial_dir(target) / RESUME_SUBDIR / "state.json").is_file()
-        argv = [*flags, "--out", str(target)] + (["--threads", str(threads)] if threads else []) + \
-               (["--resume"] if resume else [])
-        print(f"replicate: python -m attncircuits.train {_shown(argv)}", flush=True)
-        try:
-            run(parser().parse_args(argv))
-        except Refused as err:
-            for line in str(err).splitlines():
-                print(f"replicate: error: {line}", file=sys.stderr)
-            sys.exit(130 if isinstance(err, Interrupted) else 2)
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m attncircuits.replicate", description=__doc__.split("\n\n")[1])
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--out", type=Path, help="the set's folder (default: replicates/seed-<seed>)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads for training (default 1)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="train the models one after the other in this process (default: side by side on 2+ cores)")
     p.add_argument("--no-chapters", action="store_true", help="train and measure only; do not run the chapters")
     args = p.parse_args(argv)
     if args.seed < 0:
@@ -274,7 +239,8 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     command = f"make replicate SEED={args.seed}" + (f" OUT={args.out}" if args.out else "")
     (out / modelset.SET_FILE).write_text(json.dumps({"kind": "replicate", "seed": args.seed, "command": command}) + "\n")
-    train_set(out, {n: ["--preset", n, "--seed", str(args.seed)] for n in modelset.SET_MODEL_NAMES}, args.threads)
+    train_set(out, {n: ["--preset", n, "--seed", str(args.seed)] for n in modelset.SET_MODEL_NAMES}, args.threads,
+              lanes=None if args.one_at_a_time else default_lanes())
     results = {"seed": args.seed, "command": command, **headline_numbers(out)}
     if not args.no_chapters:
         results["chapters"] = run_chapters(out)
