@@ -147,3 +147,12 @@ def test_side_by_side_an_interrupt_reaches_every_model_and_each_keeps_its_state(
     for name in ("attn-only-0l", "attn-only-2l"):
         assert (pretrained.partial_dir(tmp_path / name) / pretrained.RESUME_SUBDIR / "state.json").is_file(), name
     assert not (tmp_path / "attn-only-1l").exists()
+
+
+def test_the_command_prints_each_models_time_and_the_line_that_points_the_course_at_them(tiny_set, monkeypatch, capsys):
+    monkeypatch.setattr(mine, "train_mine", lambda *args, **kwargs: tiny_set)
+    mine.main(["corpus/*.py", "--out", str(tiny_set)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("trained: attn-only-0l ") and " min; this command took " in out[0]
+    assert out[0].endswith(" M training tokens)") and "attn-only-2l" in out[0]
+    assert out[-1] == f"export {modelset.ENV}={tiny_set}"

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import data, modelset
@@ -126,16 +127,16 @@ def main(argv=None) -> None:
     p.add_argument("--one-at-a-time", action="store_true",
                    help="train the models one after the other in this process (default: side by side on 2+ cores)")
     args = p.parse_args(argv)
+    start = time.time()
     try:
         out = train_mine(args.corpus, args.out, threads=args.threads, side_by_side=not args.one_at_a_time)
     except Refused as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
-    speeds = []
-    for name in modelset.SET_MODEL_NAMES:
-        hist = json.loads((out / name / "history.json").read_text())
-        speeds.append(f"{name} {hist['wall_s'][-1] / 60:.1f} min ({1e6 / hist['tokens_per_s'] / 60:.1f} min per million tokens)")
-    print("trained " + "; ".join(speeds))
+    walls = [json.loads((out / n / "history.json").read_text())["wall_s"][-1] / 60 for n in modelset.SET_MODEL_NAMES]
+    tokens = json.loads((out / "corpus" / "corpus.json").read_text()).get("train_tokens", 0)
+    print(f"trained: {', '.join(f'{n} {w:.1f} min' for n, w in zip(modelset.SET_MODEL_NAMES, walls))}; "
+          f"this command took {(time.time() - start) / 60:.1f} min ({tokens / 1e6:.2f} M training tokens)")
     print("point the course at these models with:")
     print(f"export {modelset.ENV}={out}")
 
