@@ -32,7 +32,7 @@ from .losses import icl_scores_per_row, per_token_loss, repeated_token_loss
 from .model import loss_fn
 from .pretrained import is_checkpoint_dir, load_checkpoint, validation_windows
 from .scores import head_scores
-from .trainset import default_lanes, train_set
+from .trainset import ONE_EACH, default_lanes, train_set
 
 #: a layer-1 head is an induction head when its prefix-matching score is above this (the reproduces page's)
 INDUCTION_THRESHOLD = 0.3
@@ -240,7 +240,7 @@ def main(argv=None) -> None:
     command = f"make replicate SEED={args.seed}" + (f" OUT={args.out}" if args.out else "")
     (out / modelset.SET_FILE).write_text(json.dumps({"kind": "replicate", "seed": args.seed, "command": command}) + "\n")
     train_set(out, {n: ["--preset", n, "--seed", str(args.seed)] for n in modelset.SET_MODEL_NAMES}, args.threads,
-              lanes=None if args.one_at_a_time else default_lanes())
+              lanes=None if args.one_at_a_time else default_lanes(ONE_EACH))
     results = {"seed": args.seed, "command": command, **headline_numbers(out)}
     if not args.no_chapters:
         results["chapters"] = run_chapters(out)

@@ -3,7 +3,7 @@
 continued with ``--resume``.
 
 Side by side: :data:`LANES` runs the 2-layer model in one process and the 0- and 1-layer models one
-after the other in a second. These models use one CPU thread about as well as two, so on a 2-core
+after the other in a second; :data:`ONE_EACH` a process per model. These models use one CPU thread about as well as two, so on a 2-core
 machine two processes of one thread each do about 1.3x the work of one (measured: 13,800 and 23,300
 tokens/s side by side for the 2- and 0-layer models, against 18,500 and 41,800 alone, counted at
 their own rates); a machine with one core gets ``lanes=None``, one model at a time in this process.
@@ -22,8 +22,11 @@ from pathlib import Path
 from .pretrained import RESUME_SUBDIR, is_checkpoint_dir, partial_dir
 from .train_cli import Interrupted, Refused, parser, run
 
-#: which models share a process: the 2-layer model alone, the other two one after the other
+#: which models share a process: the 2-layer model alone, the other two one after the other (for a
+#: recipe whose 2-layer model takes about as many steps as the other two together: train-mine's)
 LANES: tuple[tuple[str, ...], ...] = (("attn-only-2l",), ("attn-only-0l", "attn-only-1l"))
+#: a process per model (for models of as many steps each: the shipped presets, make replicate)
+ONE_EACH: tuple[tuple[str, ...], ...] = (("attn-only-0l",), ("attn-only-1l",), ("attn-only-2l",))
 PROG = "python -m attncircuits.train"
 
 
@@ -55,10 +58,10 @@ def _argv(out: Path, name: str, flags: list[str], threads: int | None) -> list[s
     return argv
 
 
-def default_lanes() -> tuple[tuple[str, ...], ...] | None:
-    """:data:`LANES` on a machine with two cores or more, else None (one model at a time)."""
+def default_lanes(lanes: tuple[tuple[str, ...], ...] = LANES) -> tuple[tuple[str, ...], ...] | None:
+    """``lanes`` on a machine with two cores or more, else None (one model at a time)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return LANES if cores >= 2 else None
+    return lanes if cores >= 2 else None
 
 
 def train_set(out: Path, train_args: dict[str, list[str]], threads: int | None = 1,
