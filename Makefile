@@ -142,16 +142,18 @@ train: venv
 	cd src && ../$(PY) -m attncircuits.train --preset ln-mlp-4l --threads 1 --overwrite
 
 # Replicates: the three attention-only models trained with seed SEED into replicates/seed-SEED
-# (about 35 min on 2 cores), every chapter run against them under nbval (failing cells are counted,
-# the run goes on) and replicates/seed-SEED/results.json written (headline numbers, cells and
-# claims held per chapter). Rerun the same command to continue after Ctrl-C or a crash;
+# (a process per model, side by side: at most the ~33 min they take one after the other on one
+# core), every chapter run against them under nbval (failing cells are counted, the run goes on)
+# and replicates/seed-SEED/results.json written (headline numbers, cells and claims held per
+# chapter). Rerun the same command to continue after Ctrl-C or a crash;
 # `nohup make replicate SEED=2 &` runs it in the background. Then: export ATTNCIRCUITS_MODELS=...
 SEED ?= 1
 replicate: venv
 	$(PY) -m attncircuits.replicate --seed $(SEED)
 
-# The three models trained on your own text files (a tokenizer of 512 tokens, a faster recipe: see
-# attncircuits/mine.py), into OUT; prints the line that points the course at them.
+# The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
+# models, fewer steps, side by side: see attncircuits/mine.py), into OUT; prints the line that
+# points the course at them.
 # make train-mine CORPUS='path/**/*.py' OUT=DIR   (quote the pattern; rerun to continue)
 train-mine: venv
 	@test -n "$(CORPUS)" -a -n "$(OUT)" || { echo "usage: make train-mine CORPUS='path/**/*.py' OUT=DIR" >&2; exit 2; }
