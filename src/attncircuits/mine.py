@@ -47,7 +47,7 @@ MIN_TRAIN_TOKENS = 500_000
 #:
 #:   steps 0L / 1L / 2L                         whole command, 2 cores       claims held
 #:   8,000 / 8,000 / 8,000 (the shipped presets)  33 min one at a time *       158
-#:   3,500 / 4,000 / 5,000 (this recipe)        14.9 min, idle                CLAIMS_E
+#:   3,500 / 4,000 / 5,000 (this recipe)        14.9 min, idle               150
 #:   2,000 / 4,000 / 5,000                      13.8 min, idle               148
 #:   2,000 / 5,000 / 6,000                      16 min, partly busy          148 of 180
 #:   1,500 / 3,500 / 4,000, cosine to 30%       (busy, not timed)            142 of 180
