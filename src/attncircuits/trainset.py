@@ -111,9 +111,10 @@ def _run_lanes(out: Path, train_args: dict[str, list[str]], threads: int | None,
     def stop(*_):
         raise KeyboardInterrupt
 
-    # `kill PID` of this process stops the models as Ctrl-C does (a handler only in the main thread)
+    # Ctrl-C, `kill -INT` and `kill PID` of this process stop the models, also when it was started
+    # with SIGINT ignored (a background job of a script, `nohup ... &`); a handler only in the main thread
     main = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, stop) if main else None
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         for i in range(len(queues)):
             start_next(i)
@@ -136,8 +137,8 @@ def _run_lanes(out: Path, train_args: dict[str, list[str]], threads: int | None,
               file=sys.stderr)
         sys.exit(130)
     finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     if failed:
         for name, code in failed:
             print(f"replicate: error: {name} stopped (exit {code}, see its message above); the models that "
