@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 
 from .pretrained import RESUME_SUBDIR, is_checkpoint_dir, partial_dir
-from .train_cli import Interrupted, Refused, parser, run
+from .train_cli import PROG, Interrupted, Refused, parser, run
 
 #: which models share a process: the 2-layer model alone, the other two one after the other (for a
 #: recipe whose 2-layer model takes about as many steps as the other two together: train-mine's)
 LANES: tuple[tuple[str, ...], ...] = (("attn-only-2l",), ("attn-only-0l", "attn-only-1l"))
 #: a process per model (for models of as many steps each: the shipped presets, make replicate)
 ONE_EACH: tuple[tuple[str, ...], ...] = (("attn-only-0l",), ("attn-only-1l",), ("attn-only-2l",))
-PROG = "python -m attncircuits.train"
 
 
 def shown(argv: list[str], keep: int = 2) -> str:
