@@ -149,15 +149,15 @@ train: venv
 # `nohup make replicate SEED=2 &` runs it in the background. Then: export ATTNCIRCUITS_MODELS=...
 SEED ?= 1
 replicate: venv
-	$(PY) -m attncircuits.replicate --seed $(SEED)
+	$(PY) -m attncircuits.train.replicate --seed $(SEED)
 
 # The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
-# models, fewer steps, side by side: see attncircuits/mine.py), into OUT; prints the line that
+# models, fewer steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that
 # points the course at them.
 # make train-mine CORPUS='path/**/*.py' OUT=DIR   (quote the pattern; rerun to continue)
 train-mine: venv
 	@test -n "$(CORPUS)" -a -n "$(OUT)" || { echo "usage: make train-mine CORPUS='path/**/*.py' OUT=DIR" >&2; exit 2; }
-	$(PY) -m attncircuits.mine '$(CORPUS)' --out '$(OUT)'
+	$(PY) -m attncircuits.train.mine '$(CORPUS)' --out '$(OUT)'
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv

@@ -14,8 +14,8 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits.circuits import bigrams as B
-from attncircuits.pretrained import load_train_bigram_counts, load_validation_tokens
+from attncircuits.analysis.circuits import bigrams as B
+from attncircuits.checkpoints.pretrained import load_train_bigram_counts, load_validation_tokens
 
 LIMIT_S = 1.0
 

@@ -22,8 +22,8 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits.circuits import composition_scores, term_importance, two_layer_path_expansion
-from attncircuits.pretrained import load_validation_tokens
+from attncircuits.analysis.circuits import composition_scores, term_importance, two_layer_path_expansion
+from attncircuits.checkpoints.pretrained import load_validation_tokens
 
 
 def main(argv=None) -> int:

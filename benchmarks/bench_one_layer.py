@@ -21,12 +21,12 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits.circuits.bigrams import bigram_count_table
-from attncircuits.circuits.copying import copying_summary, eigen_copying_score
-from attncircuits.circuits.factored import full_ov_circuit
-from attncircuits.circuits.paths import path_expansion
-from attncircuits.circuits.skip_trigrams import find_skip_trigram_bugs, top_skip_trigrams
-from attncircuits.pretrained import load_train_bigram_counts, load_validation_tokens
+from attncircuits.analysis.circuits.bigrams import bigram_count_table
+from attncircuits.analysis.circuits.copying import copying_summary, eigen_copying_score
+from attncircuits.analysis.circuits.factored import full_ov_circuit
+from attncircuits.analysis.circuits.paths import path_expansion
+from attncircuits.analysis.circuits.skip_trigrams import find_skip_trigram_bugs, top_skip_trigrams
+from attncircuits.checkpoints.pretrained import load_train_bigram_counts, load_validation_tokens
 
 LIMIT_S = 2.0
 LIMIT_BYTES = 2 * 2**30

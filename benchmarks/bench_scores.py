@@ -17,10 +17,10 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits import losses
-from attncircuits import scores as S
-from attncircuits.circuits.induction import induction_eigen_positivity
-from attncircuits.pretrained import MODEL_NAMES, load_validation_tokens
+from attncircuits.analysis import losses
+from attncircuits.analysis import scores as S
+from attncircuits.analysis.circuits.induction import induction_eigen_positivity
+from attncircuits.checkpoints.pretrained import MODEL_NAMES, load_validation_tokens
 
 LIMIT_S = 10.0
 

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, validate
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.core import validate
 from attncircuits.train import TrainConfig, make_batch, make_batch_checked
 
 

@@ -4,7 +4,7 @@
 
 For the shipped 1- and 2-layer models: the same 32 x 128 tokens through ``model(tokens)`` and
 ``model.run_with_cache(tokens)``, and through the equivalent TransformerLens ``HookedTransformer``
-(``attncircuits.interop.to_transformer_lens``) with ``tl_model(tokens)`` and
+(``attncircuits.models.interop.to_transformer_lens``) with ``tl_model(tokens)`` and
 ``tl_model.run_with_cache(tokens)``. The two are timed alternately, one call each in turn, so that
 a busy machine slows both alike; the table gives the best CPU time of each (with one thread, the
 time the call takes on an idle core) and the ratio TransformerLens / ours. Exits with status 1 if a
@@ -15,7 +15,7 @@ A third row per model, not part of the target, times the unembedding alone (the 
 the same tokens times ``W_U``) in each library: the one matmul both must do, 2.1 GFLOP. On the CPU
 we measured it takes 24 ms at 90% of a core's peak, two thirds of either forward pass, and so
 bounds the ratio. Where TransformerLens's takes longer than ours, its logits' memory came fresh
-from the kernel 4 KiB page by page (see ``attncircuits.model._unembed``); whether it does depends
+from the kernel 4 KiB page by page (see ``attncircuits.models.attn_only._unembed``); whether it does depends
 on what the process freed before, so repeated runs differ. ``--keep-memory`` asks glibc
 (``mallopt``) to serve every allocation from its heap and keep what is freed, in both libraries
 alike: no page faults, steady ratios that compare the code alone, and three more columns that
@@ -30,8 +30,8 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits.interop import to_transformer_lens
-from attncircuits.model import _unembed
+from attncircuits.models.attn_only import _unembed
+from attncircuits.models.interop import to_transformer_lens
 
 TARGET = 1.5  # ours at least this many times as fast as TransformerLens
 BATCH, POS = 32, 128

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from attncircuits import data
-from attncircuits.model import AttnOnlyConfig
-from attncircuits.pretrained import CORPUS_DIR, load_validation_tokens
+from attncircuits.checkpoints.pretrained import CORPUS_DIR, load_validation_tokens
+from attncircuits.models.attn_only import AttnOnlyConfig
 from attncircuits.train import TrainConfig, train
 
 

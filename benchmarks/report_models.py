@@ -10,10 +10,15 @@ import torch
 from _common import apply_threads, parser
 
 from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
-from attncircuits.circuits import bigram_count_table, conditional_entropy, cross_entropy, smoothed_log_probs
-from attncircuits.pretrained import PRETRAINED_DIR, corpus_info, load_train_bigram_counts, validation_windows
-from attncircuits.losses import repeated_token_loss
-from attncircuits.scores import prefix_matching_scores, previous_token_scores
+from attncircuits.analysis.circuits import bigram_count_table, conditional_entropy, cross_entropy, smoothed_log_probs
+from attncircuits.analysis.losses import repeated_token_loss
+from attncircuits.analysis.scores import prefix_matching_scores, previous_token_scores
+from attncircuits.checkpoints.pretrained import (
+    PRETRAINED_DIR,
+    corpus_info,
+    load_train_bigram_counts,
+    validation_windows,
+)
 
 
 def main(argv=None) -> int:

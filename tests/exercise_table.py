@@ -35,8 +35,9 @@ CHAPTERS = ["01_attention_only_transformer", "02_zero_layer", "03_one_layer_circ
 @functools.lru_cache(maxsize=None)
 def solutions() -> dict:
     """Every chapter's solution functions, from the solved notebooks' cells tagged ``solution``."""
-    from attncircuits import handbuilt, loss_fn
-    from attncircuits import scores as S
+    from attncircuits import loss_fn
+    from attncircuits.analysis import scores as S
+    from attncircuits.models import handbuilt
 
     ns = {"math": math, "functools": functools, "torch": torch, "S": S, "hb": handbuilt, "loss_fn": loss_fn}
     for ch in CHAPTERS:
@@ -346,8 +347,8 @@ right(C, "a tensor index", lambda m: torch.tensor(solutions()["positional_head"]
 # ---- chapter 4 -------------------------------------------------------------------------------------
 C = "ch04.check_skip_trigram_score"
 wrong(C, "no attention", lambda m, h, s, d, o, n: float(
-    __import__("attncircuits.circuits", fromlist=["x"]).full_qk_circuit(m, 0, h).centered(-1).rows([d])[0, s]) * float(
-    __import__("attncircuits.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1).rows([s])[0, o]),
+    __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_qk_circuit(m, 0, h).centered(-1).rows([d])[0, s]) * float(
+    __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1).rows([s])[0, o]),
     "turn it into attention", "named")
 wrong(C, "zero", lambda *a: 0.0, "got 0")
 wrong(C, "NaN", lambda *a: float("nan"), "nan")
@@ -355,8 +356,8 @@ wrong(C, "negated", negated("skip_trigram_score"), "wrong sign")
 wrong(C, "another head", other_arg("skip_trigram_score", 1, _other_head), "answer for head", "named")
 wrong(C, "a percentage", times("skip_trigram_score", 100.0), "100")
 right(C, "sigmoid", lambda m, h, s, d, o, n: float(torch.sigmoid(
-    __import__("attncircuits.circuits", fromlist=["x"]).full_qk_circuit(m, 0, h).centered(-1).rows([d])[0, s]
-    - math.log(n - 1)) * __import__("attncircuits.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1)
+    __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_qk_circuit(m, 0, h).centered(-1).rows([d])[0, s]
+    - math.log(n - 1)) * __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1)
     .rows([s])[0, o]))
 right(C, "a 0-d tensor", lambda *a: torch.tensor(solutions()["skip_trigram_score"](*a)))
 
@@ -381,13 +382,13 @@ right(C, "numpy", lambda A, B: torch.from_numpy(__import__("numpy").linalg.eigva
 
 C = "ch04.check_copying_score"
 wrong(C, "not centred", lambda m, h: (lambda e: float(e.sum().real / e.abs().sum()))(
-    __import__("attncircuits.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).eigenvalues()), "not centred", "named")
+    __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).eigenvalues()), "not centred", "named")
 wrong(C, "negated", negated("copying_score"), "wrong sign")
 wrong(C, "zero", lambda m, h: 0.0, "got 0")
 wrong(C, "NaN", lambda m, h: float("nan"), "nan")
 wrong(C, "another head", other_arg("copying_score", 1, _other_head), "answer for head", "named")
 wrong(C, "|Σλ| / Σ|λ|", lambda m, h: (lambda e: float(e.sum().abs() / e.abs().sum()))(
-    __import__("attncircuits.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1).eigenvalues()),
+    __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1).eigenvalues()),
     "absolute", "named")
 right(C, "a 0-d tensor", lambda m, h: torch.tensor(solutions()["copying_score"](m, h)))
 right(C, "in float64", in_float64("copying_score"))
@@ -457,7 +458,7 @@ wrong(C, "zeros", zeros("virtual_ov"), "all zeros")
 wrong(C, "NaN", with_nan("virtual_ov"), "NaN")
 wrong(C, "negated", negated("virtual_ov"), "wrong sign")
 wrong(C, "transposed", transposed("virtual_ov"), "transposed")
-right(C, "FactoredMatrix", lambda m, w, r: __import__("attncircuits.circuits", fromlist=["x"]).virtual_ov_circuit(
+right(C, "FactoredMatrix", lambda m, w, r: __import__("attncircuits.analysis.circuits", fromlist=["x"]).virtual_ov_circuit(
     m, w, r).dense())
 right(C, "in float64", in_float64("virtual_ov"))
 
@@ -490,19 +491,19 @@ wrong(C, "NaN", with_nan("prefix_matching_score"), "NaN")
 wrong(C, "percent", times("prefix_matching_score", 100.0), "100")
 wrong(C, "negated", negated("prefix_matching_score"), "wrong sign")
 right(C, "scores.prefix_match_targets", lambda p, t, L: torch.einsum(
-    "bhqk,bqk->bhq", p, __import__("attncircuits.scores", fromlist=["x"]).prefix_match_targets(t).float()
+    "bhqk,bqk->bhq", p, __import__("attncircuits.analysis.scores", fromlist=["x"]).prefix_match_targets(t).float()
 )[:, :, 1 + L:].mean((0, 2)))
 right(C, "in float64", in_float64("prefix_matching_score"))
 
 C = "ch06.check_find_induction_heads"
 wrong(C, "layer 1 only", lambda m, thr=0.3: [(1, h) for h in range(m.cfg.n_heads)
-                                             if m.cfg.n_layers > 1 and __import__("attncircuits.scores", fromlist=["x"])
+                                             if m.cfg.n_layers > 1 and __import__("attncircuits.analysis.scores", fromlist=["x"])
                                              .prefix_matching_scores(m, seq_len=25, n_repeats=4)[1, h] > thr],
       "score every layer", "named")
 wrong(C, "empty", lambda m, thr=0.3: [], "left out heads")
 wrong(C, "previous-token heads", lambda m, thr=0.3: [(l, h) for l, h in (
-    __import__("attncircuits.scores", fromlist=["x"]).previous_token_scores(
-        m, __import__("attncircuits.losses", fromlist=["x"]).repeated_tokens(m, 25, 4, batch_size=4)) > thr
+    __import__("attncircuits.analysis.scores", fromlist=["x"]).previous_token_scores(
+        m, __import__("attncircuits.analysis.losses", fromlist=["x"]).repeated_tokens(m, 25, 4, batch_size=4)) > thr
 ).nonzero().tolist()], "previous-token", "named")
 wrong(C, "threshold 0.03", lambda m, thr=0.3: solutions()["find_induction_heads"](m, 0.03), "below 0.3", "named")
 wrong(C, "threshold 0.95", lambda m, thr=0.3: solutions()["find_induction_heads"](m, 0.95), "above 0.3", "named")
@@ -511,7 +512,7 @@ wrong(C, "heads numbered from 1", lambda m, thr=0.3: [(l + 1, h + 1) for l, h in
 wrong(C, "head, layer", lambda m, thr=0.3: [(h, l) for l, h in solutions()["find_induction_heads"](m)], "(layer, head)",
       "named")
 right(C, "tuples of tensors", lambda m, thr=0.3: [tuple(x) for x in (
-    __import__("attncircuits.scores", fromlist=["x"]).prefix_matching_scores(m) > thr).nonzero()])
+    __import__("attncircuits.analysis.scores", fromlist=["x"]).prefix_matching_scores(m) > thr).nonzero()])
 right(C, "a set", lambda m, thr=0.3: set(solutions()["find_induction_heads"](m, thr)))
 
 C = "ch06.check_ablated_loss"
@@ -749,7 +750,7 @@ def _check(name):
     import importlib
 
     mod, fn = name.split(".")
-    return getattr(importlib.import_module(f"attncircuits.exercises.{mod}"), fn)
+    return getattr(importlib.import_module(f"attncircuits.course.exercises.{mod}"), fn)
 
 
 VAGUE_RE = re.compile(

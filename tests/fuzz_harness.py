@@ -42,13 +42,10 @@ from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
 import attncircuits
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data, validate
-from attncircuits import interop, losses
-from attncircuits.pretrained import load_checkpoint, load_pretrained
-from attncircuits.widgets.chapters import snapshot_steps_control
-from attncircuits import scores as S
-from attncircuits import pretrained
-from attncircuits.circuits import (
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data
+from attncircuits.analysis import losses
+from attncircuits.analysis import scores as S
+from attncircuits.analysis.circuits import (
     bigrams,
     composition,
     copying,
@@ -59,7 +56,12 @@ from attncircuits.circuits import (
     skip_trigrams,
     two_layer_paths,
 )
-from attncircuits.smeared import SmearedKeyTransformer, train_on_repeated_tokens, varied_repeats
+from attncircuits.checkpoints import pretrained
+from attncircuits.checkpoints.pretrained import load_checkpoint, load_pretrained
+from attncircuits.core import validate
+from attncircuits.models import interop
+from attncircuits.models.smeared import SmearedKeyTransformer, train_on_repeated_tokens, varied_repeats
+from attncircuits.show.widgets.chapters import snapshot_steps_control
 
 PACKAGE_DIR = Path(attncircuits.__file__).resolve().parent
 OUR_ERRORS = (ValueError, TypeError, IndexError, KeyError, FileNotFoundError)
@@ -97,7 +99,7 @@ def smeared() -> SmearedKeyTransformer:
 
 @cache
 def tokenizer():
-    from attncircuits.pretrained import CORPUS_DIR
+    from attncircuits.checkpoints.pretrained import CORPUS_DIR
 
     return data.load_tokenizer(CORPUS_DIR / "tokenizer.json")
 
@@ -105,7 +107,7 @@ def tokenizer():
 @cache
 def checkpoint():
     """A tiny checkpoint with two snapshots, for the snapshot explorer."""
-    from attncircuits.pretrained import CORPUS_DIR, load_checkpoint, save_checkpoint, state_dict_for_save
+    from attncircuits.checkpoints.pretrained import CORPUS_DIR, load_checkpoint, save_checkpoint, state_dict_for_save
 
     torch.manual_seed(0)
     cfg = AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=N_CTX)
@@ -582,7 +584,7 @@ def targets() -> list[Target]:
                {"n": models(2), "layer": ints("layer", 1, None, extra_invalid=(-1,)), "writers": head_lists("writers", include_none=True)}))
 
     # -- widgets.py (the explorers that take tokens or layers)
-    from attncircuits.widgets import head_explorer, snapshot_explorer
+    from attncircuits.show.widgets import head_explorer, snapshot_explorer
 
     add(Target("widgets.snapshot_explorer", lambda tokens, layer: (_explore(snapshot_explorer(checkpoint(), tokens, layer)), tokens),
                {"tokens": token_rows(d_vocab=2048), "layer": layers(m2)}, examples=4,
@@ -727,7 +729,7 @@ def _text_file() -> Path:
 
 
 def _tokenizer_path() -> Path:
-    from attncircuits.pretrained import CORPUS_DIR
+    from attncircuits.checkpoints.pretrained import CORPUS_DIR
 
     return CORPUS_DIR / "tokenizer.json"
 

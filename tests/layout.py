@@ -1,13 +1,16 @@
-"""The package's layers, read from its source: ``python tests/layout.py`` prints them.
+"""The package's rooms, read from its source: ``python tests/layout.py`` prints them.
 
-Every module of ``src/attncircuits`` has a place in :data:`LAYERS` (lowest first); an import may
-only point to a module of a lower layer, or to an earlier module of the same layer. That one
-rule forbids an import back up and a circle. :func:`problems` also lists star imports, private
-names (``_x``) imported from another module (a private module such as ``exercises/_run`` is its
-package's inside: its siblings may use its names, nothing outside the package may import it),
-function-local imports of a package module, and
-modules over :data:`MAX_LINES` lines. Imports under ``if TYPE_CHECKING:`` are type-only and left
-out. ``tests/test_layout.py`` asserts that the list of problems is empty.
+Every module of ``src/attncircuits`` lies in one room of :data:`ROOMS` (lowest first): its first
+folder (``analysis/circuits/paths`` is in ``analysis``), or its own name for a top-level module
+(``data``). An import may point to a module of a lower room, or to one of its own room as long as
+the imports inside the room make no circle. That rule forbids an import back up and a circle, and
+needs no list of modules: a new module finds its place by the folder it is put in. :func:`problems`
+also lists star imports, private names (``_x``) imported from another module (a private module such
+as ``course/exercises/_run`` is its package's inside: its siblings may use its names, nothing outside
+the package may import it), function-local imports of a package module, and modules over
+:data:`MAX_LINES` lines. Imports under ``if TYPE_CHECKING:`` are type-only and left out.
+``tests/test_layout.py`` asserts that the list of problems is empty. The rooms are the ones the
+package docstring (``src/attncircuits/__init__.py``) describes; a test checks that it names each.
 """
 
 from __future__ import annotations
@@ -21,31 +24,17 @@ PACKAGE = "attncircuits"
 SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 MAX_LINES = 400
 
-#: the layers, lowest first; within a layer, a module may import the ones listed before it.
-#: A name ending in ``/`` stands for every module of that folder not listed by name (a new chapter's
-#: checks, ``exercises/ch10``, finds its place without an edit here); those may not import each other.
-LAYERS: list[tuple[str, list[str]]] = [
-    ("ground floor: head names, checks of inputs, durable file writes", ["heads", "validate", "durable"]),
-    ("the models: attention-only, and chapter 10's TransformerLens model", ["model", "hooked"]),
-    ("text: corpus, tokenizer, batches", ["data"]),
-    ("figures: draw, compute nothing (plotting/)",
-     ["plotting/base", "plotting/html", "plotting/bars", "plotting/curves", "plotting/heatmaps", "plotting/scatter",
-      "plotting/__init__"]),
-    ("shipped checkpoints: the set in use, loading, the claims checked on it", ["manifest", "modelset", "pretrained", "claims"]),
-    ("weights (circuits/)",
-     ["circuits/factored_matrix", "circuits/factored", "circuits/bigrams", "circuits/paths", "circuits/skip_trigrams",
-      "circuits/copying", "circuits/composition", "circuits/two_layer_paths", "circuits/induction", "circuits/__init__"]),
-    ("losses and ablations", ["losses"]),
-    ("attention patterns and scores", ["scores"]),
-    ("training and its command line", ["train/presets", "train/__init__", "run_folder", "train_cli", "train/__main__", "trainset", "replicate", "mine"]),
-    ("models built or changed by hand", ["smeared", "handbuilt", "live"]),
-    ("TransformerLens", ["interop", "deeper"]),
-    ("explorers (widgets/)", ["widgets/static", "widgets/explorer", "widgets/chapters", "widgets/__init__"]),
-    ("checks (exercises/)",
-     ["exercises/_run", "exercises/_compare", "exercises/_core", "exercises/ch01", "exercises/ch02", "exercises/ch03",
-      "exercises/ch04", "exercises/ch05", "exercises/ch06", "exercises/ch07", "exercises/ch08", "exercises/ch09",
-      "exercises/", "exercises/make_learner", "exercises/__init__"]),
-    ("the package", ["__init__"]),
+#: the rooms, lowest first, each with what it holds
+ROOMS: list[tuple[str, str]] = [
+    ("core", "knows no model: head names, checks of inputs, durable writes, manifests"),
+    ("data", "text: corpus, tokenizer, batches"),
+    ("models", "the models and the TransformerLens bridge"),
+    ("checkpoints", "load, save, model sets, the shipped weights"),
+    ("analysis", "reads a model, draws nothing: circuits from weights, losses, scores"),
+    ("show", "draws, computes nothing: plotting, widgets"),
+    ("train", "the loop, presets, command line, run folders, sets, replicates, own text, live run"),
+    ("course", "claims, exercise checks, the learner-notebook generator"),
+    ("__init__", "the package"),
 ]
 
 
@@ -135,37 +124,66 @@ def read_modules() -> dict[str, Module]:
     return mods
 
 
+def room(name: str) -> str | None:
+    """The room of module ``name`` (``"analysis/circuits/paths"`` -> ``"analysis"``), None if none."""
+    first = name.split("/", 1)[0]
+    return first if first in dict(ROOMS) else None
+
+
+def _room_index(name: str) -> int | None:
+    r = room(name)
+    return None if r is None else [n for n, _ in ROOMS].index(r)
+
+
+def circles(mods: dict[str, Module]) -> list[list[str]]:
+    """The circles of imports inside a room, each as the modules of one circle in import order."""
+    graph = {n: [t for t in m.imports if t in mods and t != n and room(t) == room(n)] for n, m in mods.items()}
+    out, state, stack = [], {}, []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for t in graph[n]:
+            if state.get(t) == 1:
+                out.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return out
+
+
 def ranks(mods: dict[str, Module]) -> dict[str, tuple[int, int]]:
-    """(layer, position in the layer) of every module; folder entries (``x/``) take the rest of x."""
+    """(room, depth in the room) of every module that has a room: depth 0 imports nothing of its
+    room, depth d imports one of depth d-1 (a module in a circle gets the depth reached first)."""
     out: dict[str, tuple[int, int]] = {}
-    for li, (_, entries) in enumerate(LAYERS):
-        for pi, e in enumerate(entries):
-            if e.endswith("/"):
-                continue
-            if e in mods:
-                out[e] = (li, pi)
-    for li, (_, entries) in enumerate(LAYERS):
-        for pi, e in enumerate(entries):
-            if e.endswith("/"):
-                for name in mods:
-                    if name.startswith(e) and name not in out:
-                        out[name] = (li, pi)
+
+    def depth(n: str, seen: frozenset) -> int:
+        inside = [t for t in mods[n].imports if t in mods and t != n and room(t) == room(n) and t not in seen]
+        return 1 + max((depth(t, seen | {n}) for t in inside), default=-1)
+
+    for n in mods:
+        ri = _room_index(n)
+        if ri is not None:
+            out[n] = (ri, depth(n, frozenset()))
     return out
 
 
 def problems(mods: dict[str, Module] | None = None) -> list[str]:
     mods = read_modules() if mods is None else mods
     rank = ranks(mods)
-    out = []
+    out = ["a circle of imports: " + " -> ".join(c) for c in circles(mods)]
     for name, m in sorted(mods.items()):
         if name not in rank:
-            out.append(f"{name}: in no layer of tests/layout.py LAYERS; give it a place")
+            out.append(f"{name}: in no room of tests/layout.py ROOMS; put it in one of {[r for r, _ in ROOMS]}")
             continue
         for t in m.imports:
-            if t == name or t not in rank:
-                continue
-            if rank[t] >= rank[name]:  # above it, or beside it (two modules of one "x/" entry)
-                out.append(f"{name} imports {t}, which is above it ({LAYERS[rank[t][0]][0]})")
+            if t in rank and rank[t][0] > rank[name][0]:
+                out.append(f"{name} imports {t}, which is above it (room {room(t)}: {dict(ROOMS)[room(t)]})")
         for line, t in m.local_imports:
             out.append(f"{name}:{line} imports {t} inside a function; import it at the top")
         for line, t in m.star_imports:
@@ -196,18 +214,18 @@ def picture(mods: dict[str, Module] | None = None) -> str:
     rank = ranks(mods)
     lines = []
     back = 0
-    for li, (title, _) in reversed(list(enumerate(LAYERS))):
-        members = sorted((n for n in mods if rank.get(n, (None,))[0] == li), key=lambda n: rank[n])
+    for ri, (name, what) in reversed(list(enumerate(ROOMS))):
+        members = sorted((n for n in mods if rank.get(n, (None,))[0] == ri), key=lambda n: (rank[n], n))
         if not members:
             continue
-        lines.append(f"[{li:>2}] {title}")
+        lines.append(f"[{ri}] {name}: {what}")
         for n in members:
             m = mods[n]
-            ups = [t for t in m.imports if t in rank and t != n and rank[t] >= rank[n]]
-            back += len(ups)
-            imps = ", ".join(sorted(m.imports, key=lambda t: rank.get(t, (99, 0)))) or "-"
-            lines.append(f"     {n:<28} {m.lines:>4}  <- {imps}")
+            back += sum(1 for t in m.imports if t in rank and rank[t][0] > rank[n][0])
+            imps = ", ".join(sorted(m.imports, key=lambda t: (rank.get(t, (99, 0)), t))) or "-"
+            lines.append(f"     {n:<34} {m.lines:>4}  <- {imps}")
     lines.append(f"imports back up: {back}")
+    lines.append(f"circles: {len(circles(mods))}")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@
   short of its total, or a text bar whose last state is ``n/total`` with ``n != total``;
 * a figure too wide to stay legible: the book shows a figure at its own size, scaled down to the
   column when it is wider, so the package's smallest figure text (``SMALL_PT`` at ``DPI``, from
-  :mod:`attncircuits.plotting`) must stay at least ``MIN_TEXT_PX`` on screen, which bounds the
+  :mod:`attncircuits.show.plotting`) must stay at least ``MIN_TEXT_PX`` on screen, which bounds the
   width of every PNG a cell shows (:func:`max_legible_width`).
 
 Cells whose output the book removes (tags ``remove-output``, ``remove-cell``) are not checked.
@@ -153,7 +153,7 @@ def cell_problems(outputs: list[dict], messages: list[dict], tags: Iterable[str]
 
 
 def _book_max_width() -> float:
-    from attncircuits.plotting import base
+    from attncircuits.show.plotting import base
 
     return max_legible_width(base.COLUMN_PX, base.MIN_TEXT_PX, base.SMALL_PT, base.DPI)
 

@@ -3,7 +3,7 @@ with its spread; a run that has not trained a model shows "-" there."""
 
 import json
 
-from attncircuits.replicate import ACROSS_RUNS, across_runs, committed_results
+from attncircuits.train.replicate import ACROSS_RUNS, across_runs, committed_results
 
 
 def _two_layer(prev, ind, k_writer_is_prev, loss):
@@ -45,7 +45,8 @@ def test_the_committed_replicates_have_every_finding():
 
 
 def test_a_replicate_in_use_is_shown_once(tmp_path, monkeypatch):
-    from attncircuits import modelset, replicate
+    from attncircuits.checkpoints import modelset
+    from attncircuits.train import replicate
 
     seen = []
     monkeypatch.setattr(replicate, "headline_numbers", lambda d: seen.append(d) or {"models": {"dir": str(d)}})

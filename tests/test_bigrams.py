@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data, loss_fn
-from attncircuits.circuits import (
+from attncircuits.analysis.circuits import (
     DirectPathWarning,
     bigram_count_table,
     bigram_log_probs,
@@ -29,7 +29,7 @@ from attncircuits.circuits import (
     weighted_pearson,
     weighted_spearman,
 )
-from attncircuits.pretrained import CORPUS_DIR, PRETRAINED_DIR
+from attncircuits.checkpoints.pretrained import CORPUS_DIR, PRETRAINED_DIR
 
 V = 6
 
@@ -312,7 +312,7 @@ def test_next_token_explorer_first_state_and_typing(tokenizer, capsys):
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from attncircuits.widgets import next_token_explorer
+    from attncircuits.show.widgets import next_token_explorer
 
     d_vocab = tokenizer.get_vocab_size()
     g = torch.Generator().manual_seed(0)
@@ -351,7 +351,7 @@ def test_shipped_zero_layer_loss_from_counts_equals_its_loss_from_running_it():
     """The chapter computes the 0-layer model's loss from bigram counts; on shipped validation text
     that must be exactly its loss from forward passes."""
     from attncircuits import load_pretrained
-    from attncircuits.pretrained import load_validation_tokens
+    from attncircuits.checkpoints.pretrained import load_validation_tokens
 
     model = load_pretrained("attn-only-0l").model
     windows = load_validation_tokens()[: 64 * 128].view(64, 128)

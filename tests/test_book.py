@@ -112,7 +112,7 @@ def _smoke_notebook() -> nbformat.NotebookNode:
         # the package's HTML tables, as the chapters display them (chapters 2 and 4)
         nbformat.v4.new_code_cell(
             "from IPython.display import display\n"
-            "from attncircuits import plotting\n"
+            "from attncircuits.show import plotting\n"
             "display(plotting.next_token_table_html(['·self', 'def'], {'weights': [[('.', 0.5)], [('·f', 0.2)]]}))\n"
             "display(plotting.skip_trigram_table_html([('0.1', '·self', '.', '_', 1.5)], "
             "['head', 'source', 'destination', 'output', 'score']))"

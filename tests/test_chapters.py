@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from attncircuits import handbuilt as hb
-from attncircuits import loss_fn, losses
-from attncircuits import scores as S
-from attncircuits.exercises.make_learner import chapters, learner_notebook
+from attncircuits import loss_fn
+from attncircuits.analysis import losses
+from attncircuits.analysis import scores as S
+from attncircuits.course.exercises.make_learner import chapters, learner_notebook
+from attncircuits.models import handbuilt as hb
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = chapters(ROOT)

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from attncircuits.circuits import full_ov_circuit, full_qk_circuit
-from attncircuits.exercises import ch01, ch02, ch03, ch04
+from attncircuits.analysis.circuits import full_ov_circuit, full_qk_circuit
+from attncircuits.course.exercises import ch01, ch02, ch03, ch04
+
 
 # ---- typical mistakes: each check names them -------------------------------------------------------
 def _causal(n):
@@ -190,7 +191,7 @@ def test_bad_input_is_one_line(capsys, fn, message):
 
 
 def test_a_slow_function_is_stopped_and_the_next_check_runs(capsys, monkeypatch):
-    monkeypatch.setattr("attncircuits.exercises._core.DEFAULT_TIME_LIMIT", 0.5)
+    monkeypatch.setattr("attncircuits.course.exercises._core.DEFAULT_TIME_LIMIT", 0.5)
     monkeypatch.setattr(ch01.run_check, "__kwdefaults__", {**ch01.run_check.__kwdefaults__, "time_limit": 0.5})
     assert ch01.check_attention_pattern(_loops) is False
     assert "too slow: stopped waiting after 0.5 s" in capsys.readouterr().out.replace("\n  ", " ")

@@ -9,13 +9,14 @@ import pytest
 import torch
 from einops import einsum
 
-from attncircuits import handbuilt as hb
-from attncircuits import loss_fn, smeared
-from attncircuits import losses
-from attncircuits import scores as S
-from attncircuits.circuits.copying import ov_copying_accuracy
-from attncircuits.exercises import ch05, ch06, ch07, ch08
-from attncircuits.scores import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
+from attncircuits import loss_fn
+from attncircuits.analysis import losses
+from attncircuits.analysis import scores as S
+from attncircuits.analysis.circuits.copying import ov_copying_accuracy
+from attncircuits.analysis.scores import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
+from attncircuits.course.exercises import ch05, ch06, ch07, ch08
+from attncircuits.models import handbuilt as hb
+from attncircuits.models import smeared
 
 
 def run(check, fn, capsys) -> tuple[bool, str]:

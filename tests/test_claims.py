@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from attncircuits import claims
-from attncircuits.modelset import ENV
+from attncircuits.checkpoints.modelset import ENV
+from attncircuits.course import claims
 
 
 @pytest.fixture(autouse=True)

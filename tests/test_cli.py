@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from attncircuits import data, load_checkpoint
-from attncircuits import train as T
-from attncircuits.manifest import sha256
-from attncircuits.pretrained import CORPUS_DIR
-from attncircuits.train_cli import main
+from attncircuits.checkpoints.pretrained import CORPUS_DIR
+from attncircuits.core.manifest import sha256
+from attncircuits.train import loop as T
+from attncircuits.train.cli import main
 
 # a seconds-long run: the tiny preset on a small local corpus
 FAST = ["--preset", "tiny", "--steps", "6", "--eval-every", "2", "--eval-batches", "1", "--batch-size", "4",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.circuits import (
+from attncircuits.analysis.circuits import (
     composition_score,
     composition_scores,
     random_composition_baseline,

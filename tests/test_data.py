@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attncircuits import data
-from attncircuits.pretrained import CORPUS_DIR
+from attncircuits.checkpoints.pretrained import CORPUS_DIR
 
 
 @pytest.fixture(scope="module")

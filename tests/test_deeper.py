@@ -1,4 +1,4 @@
-"""Chapter 10's measures (attncircuits.deeper) on tiny TransformerLens models with LayerNorm and
+"""Chapter 10's measures (attncircuits.analysis.deeper) on tiny TransformerLens models with LayerNorm and
 MLPs, each against an independent computation; loading such a model refuses bad input."""
 
 import dataclasses
@@ -11,11 +11,12 @@ tl = pytest.importorskip(
     "transformer_lens", reason="TransformerLens is not installed: `pip install -e .[tl]` (make test installs it)"
 )
 
-from attncircuits import deeper as D  # noqa: E402
-from attncircuits import interop, load_checkpoint  # noqa: E402
-from attncircuits.hooked import HookedConfig  # noqa: E402
-from attncircuits.model import loss_fn  # noqa: E402
-from attncircuits.pretrained import CORPUS_DIR, save_checkpoint  # noqa: E402
+from attncircuits import load_checkpoint  # noqa: E402
+from attncircuits.analysis import deeper as D  # noqa: E402
+from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint  # noqa: E402
+from attncircuits.models import interop  # noqa: E402
+from attncircuits.models.attn_only import loss_fn  # noqa: E402
+from attncircuits.models.hooked import HookedConfig  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
 
@@ -266,7 +267,7 @@ def _bump_first(values):
     ],
 )
 def test_chapter_10s_checks_name_the_mistake(check, fn, message, capsys):
-    from attncircuits.exercises import ch10
+    from attncircuits.course.exercises import ch10
 
     ok = getattr(ch10, check)(fn)
     out = capsys.readouterr().out
@@ -274,7 +275,7 @@ def test_chapter_10s_checks_name_the_mistake(check, fn, message, capsys):
 
 
 def test_histories_side_by_side_refuses_mismatched_runs():
-    from attncircuits.plotting import histories_side_by_side
+    from attncircuits.show.plotting import histories_side_by_side
 
     with pytest.raises(ValueError, match="same rows"):
         histories_side_by_side({"a": ([0, 1], {"loss": [1, 2]}), "b": ([0, 1], {"ICL": [1, 2]})})
@@ -288,7 +289,7 @@ def test_chapter_10s_solutions_pass_and_its_stubs_are_not_attempted_yet():
     import json
     from pathlib import Path
 
-    from attncircuits.exercises.make_learner import learner_notebook
+    from attncircuits.course.exercises.make_learner import learner_notebook
     from tests.test_chapters import _run_exercises
 
     path = Path(__file__).resolve().parents[1] / "notebooks" / "10_deeper_model.ipynb"

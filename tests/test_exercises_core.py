@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from attncircuits.exercises import Case, Diagnosis, random_model, run_check
+from attncircuits.course.exercises import Case, Diagnosis, random_model, run_check
 
 
 def scaled_scores(x: torch.Tensor, d_head: int) -> torch.Tensor:

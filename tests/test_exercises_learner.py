@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from attncircuits.exercises import make_learner
-from attncircuits.exercises.make_learner import LIVE_RUN, STUB, generate, learner_notebook, stale, strip_solution
+from attncircuits.course.exercises import make_learner
+from attncircuits.course.exercises.make_learner import LIVE_RUN, STUB, generate, learner_notebook, stale, strip_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_committed_learner_notebooks_are_fresh():
     problems = stale(ROOT)
-    assert not problems, "; ".join(problems) + ". Run: python -m attncircuits.exercises.make_learner"
+    assert not problems, "; ".join(problems) + ". Run: python -m attncircuits.course.exercises.make_learner"
 
 
 def test_every_chapter_with_exercises_has_a_learner_notebook_without_solutions():

@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from attncircuits.exercises import _core, ch01, ch02, ch04, ch06, ch08, shipped
-from attncircuits.exercises._run import _LIVE
+from attncircuits.course.exercises import _core, ch01, ch02, ch04, ch06, ch08, shipped
+from attncircuits.course.exercises._run import _LIVE
 
 
 def attention_pattern(q, k):
@@ -68,7 +68,7 @@ def test_outputs_no_comparison_expected_are_one_line(capsys):
 
 
 def test_bad_models_and_objects_without_cfg_are_one_line(capsys):
-    from attncircuits import handbuilt as hb
+    from attncircuits.models import handbuilt as hb
 
     assert ch08.check_two_back_model(lambda layout: hb.empty_model(hb.Layout(n_ctx=64), 2)) is False
     assert "n_ctx" in one_line(capsys.readouterr().out)
@@ -156,7 +156,7 @@ def test_the_interpreter_exits_cleanly_after_a_time_out(tmp_path):
     script = tmp_path / "t.py"
     script.write_text(
         "import torch\n"
-        "from attncircuits.exercises import _core, ch01\n"
+        "from attncircuits.course.exercises import _core, ch01\n"
         "def slow(q, k):\n"
         "    x = torch.randn(1500, 1500)\n"
         "    for _ in range(400):\n"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
-from attncircuits.circuits.factored import (
+from attncircuits.analysis.circuits.factored import (
     full_ov_circuit,
     full_qk_circuit,
     mean_attention_by_offset,
@@ -15,7 +15,7 @@ from attncircuits.circuits.factored import (
     positional_qk_circuit,
     qk_circuit_parts,
 )
-from attncircuits.circuits.factored_matrix import FactoredMatrix
+from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 
 
 @pytest.fixture(scope="module")

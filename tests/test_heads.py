@@ -3,9 +3,11 @@
 import pytest
 import torch
 
-from attncircuits import heads, model, scores
-from attncircuits.circuits import composition
-from attncircuits.heads import head_name
+from attncircuits.analysis import scores
+from attncircuits.analysis.circuits import composition
+from attncircuits.core import heads
+from attncircuits.core.heads import head_name
+from attncircuits.models import attn_only as model
 
 
 def test_head_name_is_layer_dot_head():

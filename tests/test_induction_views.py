@@ -10,15 +10,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_checkpoint  # noqa: E402
-from attncircuits.plotting import (  # noqa: E402
+from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint, state_dict_for_save  # noqa: E402
+from attncircuits.show.plotting import (  # noqa: E402
     eigen_scatter,
     head_patterns_grid,
     phase_change_plot,
     position_loss_plot,
     score_heatmaps,
 )
-from attncircuits.pretrained import CORPUS_DIR, save_checkpoint, state_dict_for_save  # noqa: E402
-from attncircuits.widgets import snapshot_explorer, snapshot_steps_control  # noqa: E402
+from attncircuits.show.widgets import snapshot_explorer, snapshot_steps_control  # noqa: E402
 
 
 def test_head_patterns_grid():

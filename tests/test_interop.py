@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
-from attncircuits import interop
-from attncircuits import losses
-from attncircuits import scores as S
-from attncircuits.circuits.composition import composition_scores
-from attncircuits.circuits.factored import full_ov_circuit
-from attncircuits.pretrained import MODEL_NAMES, validation_windows
+from attncircuits.analysis import losses
+from attncircuits.analysis import scores as S
+from attncircuits.analysis.circuits.composition import composition_scores
+from attncircuits.analysis.circuits.factored import full_ov_circuit
+from attncircuits.checkpoints.pretrained import MODEL_NAMES, validation_windows
+from attncircuits.models import interop
 
 tl = pytest.importorskip(
     "transformer_lens", reason="TransformerLens is not installed: `pip install -e .[tl]` (make test installs it)"
 )
-from attncircuits.interop import from_transformer_lens, to_transformer_lens  # noqa: E402
+from attncircuits.models.interop import from_transformer_lens, to_transformer_lens  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
 
@@ -209,5 +209,5 @@ def test_missing_or_wrong_transformer_lens_says_what_to_install(monkeypatch):
 
 
 def test_importing_the_package_does_not_import_transformer_lens():
-    code = "import sys, attncircuits, attncircuits.interop; assert 'transformer_lens' not in sys.modules"
+    code = "import sys, attncircuits, attncircuits.models.interop; assert 'transformer_lens' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

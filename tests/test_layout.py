@@ -1,4 +1,5 @@
-"""The package's layout rule holds: imports point down the layers of ``tests/layout.py`` only, no
+"""The package's layout rule holds: imports point down the rooms of ``tests/layout.py`` only, no circle,
+no
 star import, no private name used outside its module, no function-local import of a package module,
 no module over 400 lines. ``python tests/layout.py`` prints the layers."""
 
@@ -23,10 +24,19 @@ def test_the_package_keeps_its_layout(mods):
     assert not found, "\n".join(found)
 
 
-def test_every_module_has_a_layer_and_none_imports_back_up(mods):
-    assert "imports back up: 0" in layout.picture(mods)
+def test_every_module_has_a_room_and_none_imports_back_up(mods):
+    picture = layout.picture(mods)
+    assert "imports back up: 0" in picture and "circles: 0" in picture
     rank = layout.ranks(mods)
     assert set(rank) == set(mods)
+
+
+def test_the_package_docstring_names_every_room():
+    import attncircuits
+
+    doc = attncircuits.__doc__
+    missing = [r for r, _ in layout.ROOMS if r != "__init__" and f"``{r}" not in doc]
+    assert not missing, f"the package docstring does not describe the rooms {missing}"
 
 
 def _problems_of(tmp_path, monkeypatch, files: dict[str, str]) -> list[str]:
@@ -40,28 +50,29 @@ def _problems_of(tmp_path, monkeypatch, files: dict[str, str]) -> list[str]:
     return layout.problems()
 
 
-BASE = {"__init__.py": "", "heads.py": "", "validate.py": "from .heads import x\n", "model.py": "from . import validate\n"}
+BASE = {"__init__.py": "", "core/__init__.py": "", "core/heads.py": "", "core/validate.py": "from .heads import x\n",
+        "models/__init__.py": "", "models/attn_only.py": "from ..core import validate\n"}
 
 
 @pytest.mark.parametrize(
     "files, expected",
     [
         ({}, None),
-        ({"heads.py": "from .model import M\n"}, "heads imports model, which is above it"),
-        ({"validate.py": "from . import model\n"}, "validate imports model, which is above it"),
-        ({"heads.py": "from .validate import check\n"}, "heads imports validate, which is above it"),  # a circle
-        ({"model.py": "from .validate import *\n"}, "star-imports validate"),
-        ({"model.py": "from .validate import _range\n"}, "private name _range from validate"),
-        ({"model.py": "def f():\n    from . import validate\n"}, "imports validate inside a function"),
-        ({"model.py": "def f():\n    import attncircuits.heads\n"}, "imports heads inside a function"),
-        ({"model.py": "x = 1\n" * 401}, "model has 401 lines"),
-        ({"scores2.py": "from . import model\n"}, "scores2: in no layer"),
-        ({"circuits/__init__.py": "", "circuits/paths.py": "from ..scores import s\n", "scores.py": ""},
-         "circuits/paths imports scores, which is above it"),
-        ({"exercises/__init__.py": "", "exercises/ch10.py": "", "exercises/ch11.py": "from .ch10 import check\n"},
-         "exercises/ch11 imports exercises/ch10"),
-        ({"exercises/__init__.py": "", "exercises/_run.py": "", "plotting/__init__.py": "",
-          "plotting/base.py": "from ..exercises._run import call\n"}, "private module exercises/_run"),
+        ({"core/heads.py": "from ..models.attn_only import M\n"}, "core/heads imports models/attn_only, which is above it"),
+        ({"core/validate.py": "from ..models import attn_only\n"}, "core/validate imports models/attn_only, which is above"),
+        ({"core/heads.py": "from .validate import check\n"}, "a circle of imports: core/heads -> core/validate -> core/heads"),
+        ({"models/attn_only.py": "from ..core.validate import *\n"}, "star-imports core/validate"),
+        ({"models/attn_only.py": "from ..core.validate import _range\n"}, "private name _range from core/validate"),
+        ({"models/attn_only.py": "def f():\n    from ..core import validate\n"}, "imports core/validate inside a function"),
+        ({"models/attn_only.py": "def f():\n    import attncircuits.core.heads\n"}, "imports core/heads inside a function"),
+        ({"models/attn_only.py": "x = 1\n" * 401}, "models/attn_only has 401 lines"),
+        ({"scores2.py": "from .models import attn_only\n"}, "scores2: in no room"),
+        ({"analysis/__init__.py": "", "analysis/circuits/__init__.py": "", "analysis/circuits/paths.py": "from ...train import s\n",
+          "train/__init__.py": ""}, "analysis/circuits/paths imports train/__init__, which is above it"),
+        ({"course/__init__.py": "", "course/exercises/__init__.py": "", "course/exercises/ch10.py": "from .ch11 import c\n",
+          "course/exercises/ch11.py": "from .ch10 import check\n"}, "a circle of imports: course/exercises/ch10"),
+        ({"course/__init__.py": "", "course/exercises/__init__.py": "", "course/exercises/_run.py": "", "show/__init__.py": "",
+          "show/base.py": "from ..course.exercises._run import call\n"}, "private module course/exercises/_run"),
     ],
 )
 def test_the_rule_catches_each_kind_of_defect(tmp_path, monkeypatch, files, expected):
@@ -75,9 +86,11 @@ def test_the_rule_catches_each_kind_of_defect(tmp_path, monkeypatch, files, expe
 @pytest.mark.parametrize(
     "files",
     [
-        {"model.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .scores import S\n", "scores.py": ""},
-        {"exercises/__init__.py": "", "exercises/_run.py": "", "exercises/_core.py": "from ._run import _call\n"},
-        {"model.py": "def f():\n    import math\n"},
+        {"models/attn_only.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..analysis.scores import S\n",
+         "analysis/__init__.py": "", "analysis/scores.py": ""},
+        {"course/__init__.py": "", "course/exercises/__init__.py": "", "course/exercises/_run.py": "",
+         "course/exercises/_core.py": "from ._run import _call\n"},
+        {"models/attn_only.py": "def f():\n    import math\n"},
     ],
 )
 def test_what_the_rule_allows(tmp_path, monkeypatch, files):

@@ -1,4 +1,4 @@
-"""The live recipe of chapter 7 (``attncircuits.live``): a smoke run and bad input.
+"""The live recipe of chapter 7 (``attncircuits.train.live``): a smoke run and bad input.
 
 The full run, the regression test of the recipe, runs once in ``make test``: chapter 7's live cell under
 nbval, whose assert cell checks prefix matching >= 0.5 and the copy ratio <= 1/2 (and prints the time).
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from attncircuits import live
-from attncircuits.pretrained import load_validation_tokens
+from attncircuits.checkpoints.pretrained import load_validation_tokens
+from attncircuits.train import live
 
 SMALL = {"d_model": 32, "n_heads": 2, "d_head": 16, "d_vocab": 64, "n_ctx": 40, "steps": 12, "eval_every": 4,
          "batch_size": 4}
@@ -136,7 +136,7 @@ def test_other_bad_input(small_streams):
 
 
 def test_cli_refuses_the_live_preset(capsys):
-    from attncircuits.train_cli import main
+    from attncircuits.train.cli import main
 
     with pytest.raises(SystemExit):
         main(["--preset", live.LIVE_PRESET])

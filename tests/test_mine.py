@@ -11,9 +11,11 @@ import time
 
 import pytest
 
-from attncircuits import claims, mine, modelset, pretrained
-from attncircuits.replicate import _claim_counts, _junit_counts, headline_numbers
-from attncircuits.trainset import LANES, shown, train_set
+from attncircuits.checkpoints import modelset, pretrained
+from attncircuits.course import claims
+from attncircuits.train import mine
+from attncircuits.train.replicate import _claim_counts, _junit_counts, headline_numbers
+from attncircuits.train.sets import LANES, shown, train_set
 
 TINY = ["--steps", "4", "--eval-every", "4", "--batch-size", "4", "--eval-batches", "1", "--warmup-steps", "1"]
 TINY_RECIPE = {name: TINY + (["--snapshot-steps", "0", "2"] if name.endswith("2l") else []) for name in modelset.SET_MODEL_NAMES}
@@ -134,7 +136,7 @@ def test_side_by_side_a_refused_model_stops_its_lane_and_the_others_train(tiny_s
 def test_side_by_side_an_interrupt_reaches_every_model_and_each_keeps_its_state(tiny_set, corpus, tmp_path):
     endless = ["--steps", "100000", "--eval-every", "100000", "--batch-size", "4", "--eval-batches", "1"]
     args = {name: ["--preset", name, *_flags(tiny_set, corpus, endless)] for name in modelset.SET_MODEL_NAMES}
-    script = ("import json, sys; from pathlib import Path; from attncircuits.trainset import LANES, train_set; "
+    script = ("import json, sys; from pathlib import Path; from attncircuits.train.sets import LANES, train_set; "
               f"train_set(Path({str(tmp_path)!r}), json.loads(sys.argv[1]), lanes=LANES)")
     proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

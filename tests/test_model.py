@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.model import sinusoidal_positions
+from attncircuits.models.attn_only import sinusoidal_positions
 
 
 def reference_forward(model, tokens):
@@ -160,7 +160,7 @@ def test_loss_fn_refuses_one_token_rows_instead_of_nan():
 def test_large_logits_come_from_huge_pages_and_equal_the_plain_matmul():
     """`_unembed` writes large logits into their own madvise'd memory: the same bits as ``@``, a
     fresh tensor at every call (no buffer shared between calls), plain ``@`` under autograd."""
-    from attncircuits.model import HUGE_PAGE_MIN_BYTES, _unembed
+    from attncircuits.models.attn_only import HUGE_PAGE_MIN_BYTES, _unembed
 
     resid, W_U = torch.randn(8, 128, 64), torch.randn(64, 2048)
     assert resid.shape[0] * resid.shape[1] * W_U.shape[1] * 4 >= HUGE_PAGE_MIN_BYTES

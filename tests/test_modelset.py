@@ -7,10 +7,10 @@ import shutil
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data, modelset, pretrained
-from attncircuits.modelset import ENV, ModelSetError
-from attncircuits.modelset import check_model_set
-from attncircuits.pretrained import CORPUS_DIR, PRETRAINED_DIR, load_pretrained, save_checkpoint
+from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data
+from attncircuits.checkpoints import modelset, pretrained
+from attncircuits.checkpoints.modelset import ENV, ModelSetError, check_model_set
+from attncircuits.checkpoints.pretrained import CORPUS_DIR, PRETRAINED_DIR, load_pretrained, save_checkpoint
 
 SHIPPED_TOKENIZER = CORPUS_DIR / "tokenizer.json"
 NAMES = modelset.SET_MODEL_NAMES

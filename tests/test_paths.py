@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
-from attncircuits.circuits.factored import full_ov_circuit
-from attncircuits.circuits.paths import attention_patterns_from_weights, path_expansion, path_expansion_error
+from attncircuits.analysis.circuits.factored import full_ov_circuit
+from attncircuits.analysis.circuits.paths import attention_patterns_from_weights, path_expansion, path_expansion_error
 
 
 def tiny(n_layers, seed=0):

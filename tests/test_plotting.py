@@ -16,11 +16,12 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 
-from attncircuits import load_pretrained, plotting  # noqa: E402
-from attncircuits.pretrained import frequent_tokens  # noqa: E402
+from attncircuits import load_pretrained
+from attncircuits.checkpoints.pretrained import frequent_tokens  # noqa: E402
+from attncircuits.core.heads import head_name  # noqa: E402
 from attncircuits.data import decode, token_str, token_strs  # noqa: E402
-from attncircuits.heads import head_name  # noqa: E402
-from attncircuits.plotting import (  # noqa: E402
+from attncircuits.show import plotting  # noqa: E402
+from attncircuits.show.plotting import (  # noqa: E402
     COLUMN_PX,
     MIN_TEXT_PX,
     attention_heatmap,
@@ -28,7 +29,7 @@ from attncircuits.plotting import (  # noqa: E402
     smallest_text_px,
     tokens_html,
 )
-from attncircuits.plotting.base import legibility, shown_width_px  # noqa: E402
+from attncircuits.show.plotting.base import legibility, shown_width_px  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +212,7 @@ def _chapter_figures():
     run = (list(range(40)), {"validation loss": list(rng.random(40)), "ICL score": [None] + list(rng.random(39))})
     yield "histories_side_by_side", lambda: plotting.histories_side_by_side({"attn-only-2l": run, "ln-mlp-4l": run},
                                                                             vlines={"ln-mlp-4l": 20})
-    from attncircuits.widgets import head_explorer, snapshot_explorer
+    from attncircuits.show.widgets import head_explorer, snapshot_explorer
 
     head = head_explorer(ck1.model, ck1.tokenizer, frequent_tokens(ck1.tokenizer, 20), k=12)  # chapter 4's call
     yield "head_circuits_figure (head explorer)", lambda: head.render(layer=0, head=1)
@@ -253,7 +254,7 @@ def test_the_legibility_measure_catches_a_figure_scaled_down_too_far():
 
 # ---- shown once in a notebook -----------------------------------------------------------------
 SHOW = [
-    "import matplotlib.pyplot as plt\nfrom attncircuits import plotting\nhist = {'tokens': [0, 1], 'val_loss': [2.0, 1.0]}",
+    "import matplotlib.pyplot as plt\nfrom attncircuits.show import plotting\nhist = {'tokens': [0, 1], 'val_loss': [2.0, 1.0]}",
     "plotting.loss_curve(hist, keys=['val_loss'])",  # the cell's value
     "fig = plotting.loss_curve(hist, keys=['val_loss'])\nplt.show()",  # kept, then shown by pyplot
     "fig, ax = plt.subplots()\nplotting.loss_curve(hist, keys=['val_loss'], ax=ax)\nplt.show()",  # composed

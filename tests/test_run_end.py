@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attncircuits import load_checkpoint, run_folder
-from attncircuits.manifest import sha256
-from attncircuits.train_cli import main
+from attncircuits import load_checkpoint
+from attncircuits.core.manifest import sha256
+from attncircuits.train import run_folder
+from attncircuits.train.cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 # a second-long run: the tiny preset on a small local corpus, one evaluation in the middle
@@ -161,7 +162,7 @@ def test_a_kill_at_any_step_of_the_save_is_completed_by_resume(tmp_path, docs, c
 
 # ---- 4. killed inside a state save ------------------------------------------------------------
 def test_a_state_left_as_resume_new_is_continued(tmp_path, docs, capsys, monkeypatch, reference):
-    from attncircuits import train as T
+    from attncircuits.train import loop as T
 
     calls, make_batch = [], T.make_batch_checked
 
@@ -224,7 +225,7 @@ def test_a_full_disk_while_writing_the_tokenizer_is_one_line(tmp_path, docs, cap
 def test_an_io_error_writing_the_model_keeps_the_progress(tmp_path, docs, capsys, monkeypatch, errno):
     """A disk error on the model's weights: the half-written model is removed (freeing its space),
     the state of the last evaluation kept, and the line names both."""
-    from attncircuits import pretrained
+    from attncircuits.checkpoints import pretrained
 
     real = pretrained.save_weights
 
@@ -305,7 +306,7 @@ def test_resume_after_the_corpus_was_edited_is_refused(tmp_path, docs, capsys, m
 
 # ---- 9. a diverging run ----------------------------------------------------------------------------
 def test_a_diverging_loss_stops_the_run_and_keeps_the_last_finite_state(tmp_path, docs, capsys, monkeypatch):
-    from attncircuits import train as T
+    from attncircuits.train import loop as T
 
     out, partial = tmp_path / "m", tmp_path / "m.partial"
     code, err = cli(capsys, *FAST, "--corpus-files", *docs, "--out", out, "--lr", "1e30", "--warmup-steps", "0",
@@ -332,7 +333,7 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_finite_state(tmp_path
 # ---- 12. a damaged resume state ---------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncated", "forged", "weights"])
 def test_a_damaged_resume_state_is_refused_in_one_line(tmp_path, docs, capsys, monkeypatch, damage):
-    from attncircuits.manifest import write_manifest
+    from attncircuits.core.manifest import write_manifest
 
     out, partial = tmp_path / "m", tmp_path / "m.partial"
     argv = [*FAST, "--corpus-files", *docs, "--out", out]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.losses import (
+from attncircuits.analysis.losses import (
     ablated_loss,
     ablation_effects,
     icl_positions,
@@ -26,7 +26,7 @@ from attncircuits.losses import (
     repeated_tokens,
     zero_ablation,
 )
-from attncircuits.scores import (
+from attncircuits.analysis.scores import (
     HeadScores,
     copying_scores,
     head_scores,
@@ -36,8 +36,8 @@ from attncircuits.scores import (
     previous_token_scores,
     value_weighted_pattern,
 )
-from attncircuits import validate
-from attncircuits.validate import max_repeat_len
+from attncircuits.core import validate
+from attncircuits.core.validate import max_repeat_len
 
 # ----------------------------------------------------------------------------------------------
 # The hand-built induction circuit
@@ -307,7 +307,7 @@ def test_icl_positions_past_the_context(tiny_model):
 # The weight-based view (circuits.induction): K-composition term and eigenvalue positivity
 # ----------------------------------------------------------------------------------------------
 def test_hand_built_induction_head_sits_in_the_corner(induction_model):
-    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_circuit
+    from attncircuits.analysis.circuits.induction import induction_eigen_positivity, k_composition_circuit
 
     eig = induction_eigen_positivity(induction_model)
     assert eig.qk[0] > 0.99 and eig.ov[0] > 0.99  # identity-like K-composition term and OV circuit
@@ -320,7 +320,7 @@ def test_hand_built_induction_head_sits_in_the_corner(induction_model):
 
 
 def test_k_composition_term_matches_the_dense_product(tiny_model):
-    from attncircuits.circuits.induction import k_composition_circuit, writer_ov
+    from attncircuits.analysis.circuits.induction import k_composition_circuit, writer_ov
 
     m = tiny_model
     b0, b1 = m.blocks
@@ -336,7 +336,7 @@ def test_k_composition_term_matches_the_dense_product(tiny_model):
 
 
 def test_k_composition_bad_input(tiny_model):
-    from attncircuits.circuits.induction import induction_eigen_positivity, k_composition_circuit
+    from attncircuits.analysis.circuits.induction import induction_eigen_positivity, k_composition_circuit
 
     one = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
     with pytest.raises(ValueError, match="load a two-layer model"):
@@ -360,7 +360,7 @@ def test_per_position_loss_in_chunks_and_icl_from_it(tiny_model):
     ref = loss_fn(tiny_model(toks), toks, per_token=True).mean(0).detach()
     loss = per_position_loss(tiny_model, toks, chunk=3)
     torch.testing.assert_close(loss, ref)
-    from attncircuits.losses import icl_score_from_loss
+    from attncircuits.analysis.losses import icl_score_from_loss
 
     late, early = icl_positions(16)
     assert icl_score_from_loss(loss, 16) == pytest.approx((ref[late - 1] - ref[early - 1]).item(), abs=1e-5)
@@ -370,7 +370,7 @@ def test_per_position_loss_in_chunks_and_icl_from_it(tiny_model):
 
 
 def test_phase_change_step_and_repeated_spans():
-    from attncircuits.scores import phase_change_step, repeated_spans
+    from attncircuits.analysis.scores import phase_change_step, repeated_spans
 
     hist = {"step": [0, 10, 20, 30, 40], "prefix_matching": [[[0.0], [0.02]], [[0.0], [0.05]], [[0.0], [0.3]], [[0.0], [0.5]], [[0.0], [0.52]]]}
     assert phase_change_step(hist) == 20  # 0.3 is the first past 0.02 + (0.52 - 0.02) / 2
@@ -385,7 +385,7 @@ def test_phase_change_step_and_repeated_spans():
 
 
 def test_loss_at_positions_matches_the_full_loss(tiny_model):
-    from attncircuits.losses import loss_at_positions
+    from attncircuits.analysis.losses import loss_at_positions
 
     toks = torch.randint(0, 50, (7, 16), generator=torch.Generator().manual_seed(4))
     full = loss_fn(tiny_model(toks), toks, per_token=True).mean(0).detach()
@@ -397,7 +397,7 @@ def test_loss_at_positions_matches_the_full_loss(tiny_model):
 
 
 def test_per_token_loss_and_icl_per_row(tiny_model):
-    from attncircuits.losses import icl_score_from_loss, icl_scores_per_row, per_token_loss
+    from attncircuits.analysis.losses import icl_score_from_loss, icl_scores_per_row, per_token_loss
 
     toks = torch.randint(0, 50, (9, 16), generator=torch.Generator().manual_seed(5))
     nll = per_token_loss(tiny_model, toks, chunk=4)

@@ -6,9 +6,14 @@ import pytest
 import torch
 
 from attncircuits import MODEL_NAMES, load_pretrained, loss_fn
-from attncircuits.pretrained import PRETRAINED_DIR, corpus_info, load_train_bigram_counts, validation_windows
-from attncircuits.losses import repeated_token_loss
-from attncircuits.scores import prefix_matching_scores, previous_token_scores
+from attncircuits.analysis.losses import repeated_token_loss
+from attncircuits.analysis.scores import prefix_matching_scores, previous_token_scores
+from attncircuits.checkpoints.pretrained import (
+    PRETRAINED_DIR,
+    corpus_info,
+    load_train_bigram_counts,
+    validation_windows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +79,10 @@ def test_training_reproduces_the_shipped_history(monkeypatch):
     the initialisation or the first 250 updates move these losses by more than 1e-3).
     """
     from attncircuits import data
-    from attncircuits import train as T
-    from attncircuits.model import AttnOnlyConfig
-    from attncircuits.pretrained import CORPUS_DIR
+    from attncircuits.checkpoints.pretrained import CORPUS_DIR
+    from attncircuits.models.attn_only import AttnOnlyConfig
+    from attncircuits.train import loop as T
+    from attncircuits.train.presets import PRESETS
 
     class Stop(Exception):
         pass
@@ -94,7 +100,7 @@ def test_training_reproduces_the_shipped_history(monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the shipped models were trained with --threads 1
     try:
-        model_kw, train_kw = T.PRESETS["attn-only-2l"]
+        model_kw, train_kw = PRESETS["attn-only-2l"]
         train_tokens, val_tokens, _ = T.corpus_streams(data.load_tokenizer(CORPUS_DIR / "tokenizer.json"))
         with pytest.raises(Stop):
             T.train(AttnOnlyConfig(**model_kw), T.TrainConfig(**train_kw), train_tokens, val_tokens, progress=False)

@@ -4,17 +4,17 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
-from attncircuits.circuits.copying import copying_summary, eigen_copying_score
-from attncircuits.circuits.factored import full_ov_circuit, full_qk_circuit
-from attncircuits.circuits.skip_trigrams import (
+from attncircuits.analysis.circuits.copying import copying_summary, eigen_copying_score
+from attncircuits.analysis.circuits.factored import full_ov_circuit, full_qk_circuit
+from attncircuits.analysis.circuits.skip_trigrams import (
     SkipTrigramRow,
     find_skip_trigram_bugs,
     resolve_tokens,
     skip_trigram_effects,
     top_skip_trigrams,
 )
+from attncircuits.checkpoints.pretrained import load_pretrained
 from attncircuits.data import token_str
-from attncircuits.pretrained import load_pretrained
 
 V = 20
 
@@ -193,8 +193,8 @@ def test_head_explorer_and_one_layer_figures(model):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attncircuits import plotting
-    from attncircuits.widgets import head_explorer
+    from attncircuits.show import plotting
+    from attncircuits.show.widgets import head_explorer
 
     tok = FakeTokenizer()
     ex = head_explorer(model, tok, [1, 2, "·c"], k=3)  # outside IPython: the static first state only

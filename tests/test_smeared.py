@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.scores import prefix_match_targets
-from attncircuits.smeared import SmearedKeyTransformer, smear_scores, train_on_repeated_tokens, varied_repeats
+from attncircuits.analysis.scores import prefix_match_targets
+from attncircuits.models.smeared import SmearedKeyTransformer, smear_scores, train_on_repeated_tokens, varied_repeats
 
 CFG = AttnOnlyConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=40, n_ctx=24)
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from attncircuits import AttnOnlyConfig, load_checkpoint, load_pretrained
-from attncircuits.pretrained import CORPUS_DIR, save_checkpoint
+from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint
 from attncircuits.train import PRESETS, TrainConfig, lr_at, train
-from attncircuits.train_cli import main
+from attncircuits.train.cli import main
 
 TOKENIZER = CORPUS_DIR / "tokenizer.json"
 
@@ -206,7 +206,7 @@ def test_one_and_two_layer_presets_share_one_recipe():
 
 
 def test_validation_windows():
-    from attncircuits.pretrained import load_validation_tokens, validation_windows
+    from attncircuits.checkpoints.pretrained import load_validation_tokens, validation_windows
 
     val = load_validation_tokens()
     every = validation_windows(n_ctx=64)
@@ -222,7 +222,7 @@ def _forge(saved, weights=None, config=None, tokenizer=None):
     """Rewrite a checkpoint's files and then its manifest, as a tool that rewrites both would."""
     from safetensors.torch import save_file
 
-    from attncircuits.manifest import write_manifest
+    from attncircuits.core.manifest import write_manifest
 
     if weights is not None:
         save_file(weights, saved / "model.safetensors")
@@ -271,8 +271,8 @@ def test_shapes_are_compared_before_anything_is_allocated(saved):
 
 
 def test_every_shipped_model_names_its_tokenizer():
-    from attncircuits.manifest import sha256
-    from attncircuits.pretrained import MODEL_NAMES
+    from attncircuits.checkpoints.pretrained import MODEL_NAMES
+    from attncircuits.core.manifest import sha256
 
     for name in MODEL_NAMES:
         ck = load_pretrained(name)

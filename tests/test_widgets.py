@@ -14,8 +14,8 @@ import nbformat  # noqa: E402
 import pytest  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 
-from attncircuits.widgets import STATIC_ENV, Explorer, interactive_available  # noqa: E402
-from attncircuits.widgets.static import limit_states, pick  # noqa: E402
+from attncircuits.show.widgets import STATIC_ENV, Explorer, interactive_available  # noqa: E402
+from attncircuits.show.widgets.static import limit_states, pick  # noqa: E402
 
 
 def _draw(layer, head, scale=1.0):
@@ -98,7 +98,7 @@ def test_static_explorer_honours_static_options():
 
 CELL = """
 import matplotlib.pyplot as plt
-from attncircuits.widgets import explorer
+from attncircuits.show.widgets import explorer
 
 def draw(head, label):
     fig, ax = plt.subplots(figsize=(2, 2))

@@ -10,7 +10,7 @@ Each chapter's "Open the exercises in Colab" link names the learner's notebook
   course is published, gets the exercises too (the theme's download button offers the solved
   notebook);
 - hides the ``# BEGIN SOLUTION`` / ``# END SOLUTION`` lines of the collapsed solutions; they stay in
-  the notebooks, where ``python -m attncircuits.exercises.make_learner`` reads them.
+  the notebooks, where ``python -m attncircuits.course.exercises.make_learner`` reads them.
 
 ``repository.url`` ships as a placeholder. A build says so in one line; with ``COURSE_PUBLISH=1``
 in the environment (``make book PUBLISH=1``) it stops instead, and also stops when a notebook's

@@ -1,8 +1,8 @@
 """Build the chapters' explorers in their static form: precomputed states behind plain HTML
-buttons, which work in the built book with no kernel (see :mod:`attncircuits.widgets`).
+buttons, which work in the built book with no kernel (see :mod:`attncircuits.show.widgets`).
 
 The book's notebooks run in kernels that this build starts, and a kernel inherits the build's
-environment, so setting :data:`attncircuits.widgets.STATIC_ENV` here is enough. A notebook run
+environment, so setting :data:`attncircuits.show.widgets.STATIC_ENV` here is enough. A notebook run
 anywhere else (Jupyter, Colab, nbval) keeps its live controls.
 """
 
@@ -12,7 +12,7 @@ import os
 
 from sphinx.application import Sphinx
 
-from attncircuits.widgets import STATIC_ENV
+from attncircuits.show.widgets import STATIC_ENV
 
 
 def setup(app: Sphinx) -> dict:

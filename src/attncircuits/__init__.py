@@ -1,39 +1,43 @@
 """attncircuits: the helper package of *Transformer Circuits from Scratch*.
 
-**A function lives in the room of what it reads.** The rooms, from the ground floor up; a module
-imports only from rooms below it (and from earlier modules of its own room), never back up:
+The folders follow the course's pipeline: text and a model, a checkpoint, what is read from it,
+how it is drawn, how it is trained, and the course around it. **A function lives in the room of what
+it reads.** A module imports only from rooms below it, or from its own room without a circle, never
+back up (``tests/layout.py`` holds the package to this; ``python tests/layout.py`` prints the rooms):
 
-====================  ===========================================================================
-``heads validate``    head names (``"1.0"``); one check per kind of input, one message style
-``model``             the attention-only transformer and its forward pass (with cache and ablations)
-``data``              corpus, tokenizer, batches, repeated random tokens
-``plotting/``         figures and token-highlight HTML: draws what it is given, computes nothing
-``pretrained``        shipped checkpoints and corpus files: load, save, verify; text frequencies
-``circuits/``         reads **weights** only: factored matrices, QK/OV circuits, bigrams, paths,
-                      skip-trigrams, copying, composition, induction (one module per idea)
-``losses``            reads **losses**: repeated-token loss, in-context learning, ablations
-``scores``            reads **attention patterns** and activations: head scores, prefix matching,
-                      scores by source, logit attribution
-``train train_cli``   the training loop, then its command line (``python -m attncircuits.train``)
-``smeared handbuilt live``  models built or changed: smeared keys, hand-written weights, the live run
-``interop``           **TransformerLens**: to and from ``HookedTransformer``, its hooks
-``widgets/``          the explorers and their static (no-kernel) form
-``exercises/``        **checks only**: cases, diagnoses and the machinery that runs a learner's
-                      function; the references they compare against live in the rooms above
-====================  ===========================================================================
+===================  ===========================================================================
+``core/``            knows no model: head names (``"1.0"``), one check per kind of input with one
+                     message style (``validate``), durable writes, SHA-256 manifests
+``data``             corpus, tokenizer, batches, repeated random tokens
+``models/``          the attention-only transformer (``attn_only``, the framework's exact object);
+                     chapter 10's TransformerLens model (``hooked``); smeared keys, hand-written
+                     weights; the TransformerLens bridge (``interop``)
+``checkpoints/``     the model set in use, loading, saving and verifying checkpoints and the
+                     corpus files; the shipped weights in ``checkpoints/shipped/``
+``analysis/``        reads a model, draws nothing: ``circuits/`` from **weights** (factored
+                     matrices, QK/OV, bigrams, paths, skip-trigrams, copying, composition,
+                     induction); ``losses`` from **losses** (repeated tokens, in-context learning,
+                     ablations); ``scores`` from **attention patterns** and activations
+``show/``            draws what it is given, computes nothing: ``plotting/``, ``widgets/``
+``train/``           the loop, presets, command line (``python -m attncircuits.train``), run
+                     folders, model sets, replicates, the learner's own text, the live run
+``course/``          the claims a chapter checks, the exercise checks (**checks only**: the
+                     references they compare against live in the rooms below) and the
+                     learner-notebook generator
+===================  ===========================================================================
 
-So a new score goes to ``scores``, a new weights-only circuit to ``circuits/``, a new ablation to
-``losses``, a new figure to ``plotting/``, a chapter's explorer to ``widgets/chapters.py``, a new
-chapter's checks to ``exercises/chNN.py``; the chapters import analysis from the rooms, never from
-``exercises/``. Public functions check their inputs once (``validate``) and call inner functions
-that trust them. No star imports, no private name (``_x``) used outside its module (a private
-module such as ``exercises/_run`` is its package's inside), no import hidden in a function, no
-module over 400 lines. ``tests/test_layout.py`` holds the package to this; ``python
-tests/layout.py`` prints the layers.
+So a new model goes to ``models/``, a new score to ``analysis/scores``, a new weights-only circuit
+to ``analysis/circuits/``, a new ablation to ``analysis/losses``, a new figure to ``show/plotting/``,
+a chapter's explorer to ``show/widgets/chapters.py``, a new training command to ``train/``, a new
+chapter's checks to ``course/exercises/chNN.py``; the chapters import analysis from the rooms, never
+from ``course/exercises/``. Public functions check their inputs once (``core.validate``) and call
+inner functions that trust them. No star imports, no private name (``_x``) used outside its module
+(a private module such as ``course/exercises/_run`` is its package's inside), no import hidden in a
+function, no module over 400 lines.
 """
 
-from .model import ActivationCache, AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from .pretrained import MODEL_NAMES, load_checkpoint, load_pretrained
+from attncircuits.checkpoints.pretrained import MODEL_NAMES, load_checkpoint, load_pretrained
+from attncircuits.models.attn_only import ActivationCache, AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 
 __all__ = ["ActivationCache", "AttnOnlyConfig", "AttnOnlyTransformer", "MODEL_NAMES", "load_checkpoint", "load_pretrained", "loss_fn"]
 __version__ = "0.1.0"

@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from . import validate
+from attncircuits.core import validate
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 2048
@@ -170,7 +170,7 @@ def load_tokenizer(path: str | Path):
     if not _is_file(path):
         raise FileNotFoundError(
             f"tokenizer file {path} not found; re-train with `make train` or restore it with "
-            "`git checkout -- src/attncircuits/pretrained`"
+            "`git checkout -- src/attncircuits/checkpoints/shipped/`"
         )
     try:
         return Tokenizer.from_file(str(path))

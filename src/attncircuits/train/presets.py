@@ -12,7 +12,7 @@ PRESETS: dict[str, tuple[dict, dict]] = {
     "attn-only-1l": ({"n_layers": 1}, {}),
     # Snapshots before, during and after the induction heads form (steps ~1,750-3,500).
     "attn-only-2l": ({"n_layers": 2}, {"snapshot_steps": [0, 1000, 1500, 2000, 2500, 3000, 4000, 6000]}),
-    # Induction heads formed live in chapter 7 (attncircuits.live, which builds its token streams),
+    # Induction heads formed live in chapter 7 (attncircuits.train.live, which builds its token streams),
     # in a few minutes at most on a 2-core CPU. Each choice against the shipped 2-layer recipe:
     "attn-only-2l-live": (
         {"n_layers": 2,

@@ -1,0 +1,3 @@
+"""Reads a model, draws nothing. From the weights only: ``circuits/``. From losses: ``losses``
+(repeated-token loss, in-context learning, ablations). From attention patterns and activations:
+``scores`` (head scores, prefix matching, logit attribution). Chapter 10's measures: ``deeper``."""

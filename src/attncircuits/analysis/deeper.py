@@ -1,0 +1,291 @@
+"""Chapter 10's measures: the course's detectors, composition scores, ablations and path
+expansion, on a TransformerLens model with LayerNorm and MLPs (:mod:`attncircuits.models.hooked`).
+
+LayerNorm is folded into the weights that read the residual stream (:func:`folded`) before any
+weight is read, so chapter 5's composition scores mean what they meant there; where the logits
+are split into paths, the final LayerNorm's scale is frozen at its real value, as TransformerLens's
+``decompose_resid`` does: the only sense in which a model with LayerNorm is a sum of paths.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from einops import einsum
+
+from attncircuits.analysis.circuits import CompositionScores, FactoredMatrix, random_composition_baseline
+from attncircuits.analysis.losses import repeated_tokens
+from attncircuits.analysis.scores import (
+    HeadScores,
+    copying_score_of_logits,
+    prefix_matching_scores,
+    previous_token_scores,
+)
+from attncircuits.core import validate
+from attncircuits.core.heads import head_name
+from attncircuits.models.attn_only import loss_fn
+from attncircuits.models.hooked import require_transformer_lens
+from attncircuits.models.interop import wrap_tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformer_lens import HookedTransformer
+
+
+def folded(model) -> "HookedTransformer":
+    """A copy with LayerNorm folded into the weights that read the residual stream (and the
+    writing weights and unembedding centred), TransformerLens's ``process_weights_``: the same
+    logits, and weight matrices whose products mean what chapter 5's composition scores assume."""
+    out = copy.deepcopy(model)
+    out.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+    return out.eval()
+
+
+def head_circuits(model, layer: int) -> dict[str, FactoredMatrix]:
+    """Like chapter 5's circuits, from a folded model: what each head of ``layer`` writes
+    (``ov = W_V W_O``) and what it reads through its query (``q = W_Q W_Kᵀ``), key (``k = W_QKᵀ``)
+    and value (``v = W_OV``), ``[n_heads, d_model, d_model]`` factored, float64."""
+    W_Q, W_K, W_V, W_O = (getattr(model, name)[layer].detach().double() for name in ("W_Q", "W_K", "W_V", "W_O"))
+    ov, qk = FactoredMatrix(W_V, W_O), FactoredMatrix(W_Q, W_K.mT)
+    return {"ov": ov, "q": qk, "k": qk.T, "v": ov}
+
+
+@torch.no_grad()
+def composition_scores(model, writer_layer: int, reader_layer: int, n_samples: int = 500, seed: int = 0) -> CompositionScores:
+    """Chapter 5's Q-, K- and V-composition scores between two layers of a folded model (see
+    :func:`folded`), against random heads of the same shape."""
+    validate.depth(model, "composition between two layers", at_least=2)
+    writer_layer = validate.layer(model.cfg.n_layers, writer_layer)
+    reader_layer = validate.layer(model.cfg.n_layers, reader_layer)
+    if writer_layer >= reader_layer:
+        raise ValueError(f"a head reads only what earlier layers wrote: writer_layer ({writer_layer}) "
+                         f"must be below reader_layer ({reader_layer})")
+    w, r = head_circuits(model, writer_layer)["ov"], head_circuits(model, reader_layer)
+    pair_w = FactoredMatrix(w.A[:, None], w.B[:, None])  # [writer, 1, ...]
+    scores = {}
+    for kind in ("q", "k", "v"):
+        pair_r = FactoredMatrix(r[kind].A[None], r[kind].B[None])  # [1, reader, ...]
+        scores[kind] = ((pair_w @ pair_r).norm() / (pair_w.norm() * pair_r.norm())).float()
+    baseline = random_composition_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
+    return CompositionScores(**scores, baseline=baseline, writer_layer=writer_layer, reader_layer=reader_layer)
+
+
+@torch.no_grad()
+def copying_scores(model, seq_len: int = 25, batch_size: int = 8, seed: int = 0) -> torch.Tensor:
+    """Olsson et al.'s copying score of every head (see :func:`attncircuits.analysis.scores.copying_scores`),
+    through the folded model: a head's direct effect on the logits, ``v W_O W_U``, with the final
+    LayerNorm's gain in ``W_U`` (its scale, one positive number per position, cancels in the
+    score)."""
+    fm = folded(model)
+    toks = repeated_tokens(fm, seq_len, 1, batch_size, seed)
+    _, cache = fm.run_with_cache(toks, names_filter=lambda name: name.endswith("hook_v"))
+    src = toks[:, 1:].flatten()
+    out = torch.empty(fm.cfg.n_layers, fm.cfg.n_heads)
+    for layer in range(fm.cfg.n_layers):
+        v = cache["v", layer][:, 1:].flatten(0, 1)  # [n, head, d_head]
+        out[layer] = copying_score_of_logits(einsum(v, fm.W_O[layer], fm.W_U, "n h dh, h dh dm, dm vocab -> n h vocab"), src)
+    return out
+
+
+def head_scores(model, text_tokens: torch.Tensor, seq_len: int = 25, n_repeats: int = 4, seed: int = 0) -> HeadScores:
+    """The course's three detectors (chapters 6-7) on this model: previous-token on real text,
+    prefix matching on random tokens repeated, copying through the folded weights."""
+    return HeadScores(
+        previous_token=previous_token_scores(model, text_tokens).cpu(),
+        prefix_matching=prefix_matching_scores(model, seq_len, n_repeats, seed=seed).cpu(),
+        copying=copying_scores(model, seq_len=min(seq_len, model.cfg.n_ctx - 1), seed=seed),
+    )
+
+
+def with_tokenizer(model, tokenizer) -> "HookedTransformer":
+    """``model`` with ``tokenizer`` attached (in place), so TransformerLens's string methods and
+    head detector take text; returns the model."""
+    model.set_tokenizer(wrap_tokenizer(tokenizer), default_padding_side="right")
+    return model
+
+
+def detector_scores(model, texts: list[str], kind: str) -> torch.Tensor:
+    """TransformerLens's head detector (``detect_head``) averaged over ``texts``, ``[layer, head]``:
+    ``kind`` is ``"previous_token_head"`` or ``"induction_head"``. The model needs a tokenizer
+    (:func:`with_tokenizer`); each text must fit the context."""
+    require_transformer_lens()
+    from transformer_lens.head_detector import detect_head
+
+    if kind not in ("previous_token_head", "induction_head", "duplicate_token_head"):
+        raise ValueError(f"kind must be 'previous_token_head', 'induction_head' or 'duplicate_token_head', got {kind!r}")
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError("the model has no tokenizer: attach one first with with_tokenizer(model, tokenizer)")
+    return torch.stack([detect_head(model, text, kind) for text in texts]).mean(0)
+
+
+def head_ablation_hooks(model, heads, means: dict[int, torch.Tensor] | None = None) -> list:
+    """Forward hooks that remove ``heads`` (``(layer, head)`` pairs): each head's ``z`` (its value
+    mix before ``W_O``) is replaced by ``means[layer][head]`` (mean ablation) or zero. Use with
+    ``with model.hooks(fwd_hooks=...):`` around any of the course's measures."""
+    heads = validate.heads(model, heads)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def hook_for(layer, hs):
+        def hook(z, hook):
+            z[:, :, hs] = 0.0 if means is None else means[layer][hs].to(z.dtype)
+            return z
+        return hook
+
+    return [(f"blocks.{layer}.attn.hook_z", hook_for(layer, hs)) for layer, hs in by_layer.items()]
+
+
+@torch.no_grad()
+def mean_z(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Every head's mean ``z`` over ``tokens`` (rows and positions), ``{layer: [head, d_head]}``:
+    what mean ablation puts in a removed head's place."""
+    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))
+    return {layer: cache["z", layer].mean(dim=(0, 1)) for layer in range(model.cfg.n_layers)}
+
+
+@dataclass
+class LogitShares:
+    """Where the correct token's logit comes from, each a mean over the targets scored."""
+
+    labels: list[str]  # "embed", "pos", "0.1" (a head), "mlp 0" (b_out included), "bias" (the b_O), "b_U"
+    contributions: torch.Tensor  # [component]: mean contribution to the correct token's logit
+    # the mean correct-token logit itself, measured from the mean logit over the vocabulary (folding
+    # centres W_U, which changes no probability): the contributions' sum, LN scale frozen
+    logit: float
+
+    def share(self, label: str) -> float:
+        return float(self.contributions[self.labels.index(label)] / self.logit)
+
+    def group(self, prefix: str) -> float:
+        """Summed share of the components whose label starts with ``prefix`` (``"mlp"``)."""
+        return float(sum(c for l, c in zip(self.labels, self.contributions) if l.startswith(prefix)) / self.logit)
+
+    def direct(self) -> float:
+        """Share of the direct path: the token (and, where they are in the residual stream, the
+        position) embeddings read straight by the unembedding."""
+        return float(sum(c for l, c in zip(self.labels, self.contributions) if l in ("embed", "pos")) / self.logit)
+
+    def heads(self) -> float:
+        """Summed share of every head (labels ``"layer.head"``)."""
+        return float(sum(c for l, c in zip(self.labels, self.contributions) if l[:1].isdigit()) / self.logit)
+
+
+def frozen_ln(components: torch.Tensor, resid: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Each of ``components`` (``[comp, ..., d_model]``, summing to ``resid``) through a LayerNorm
+    whose scale is frozen at the real one (``LNPre``, the gain folded away): ``(c - mean c) / s``
+    with ``s = sqrt(mean((resid - mean resid)^2) + eps)``, one ``s`` for all components. Centring is
+    linear, and a shared divisor keeps it so: the outputs sum to ``LN(resid)`` exactly, which the
+    components' own scales would not give (TransformerLens's ``apply_ln_to_stack``)."""
+    centred = resid - resid.mean(-1, keepdim=True)
+    scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return (components - components.mean(-1, keepdim=True)) / scale
+
+
+def fold_ln_into(w_ln: torch.Tensor, b_ln: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold a LayerNorm's gain ``w_ln`` and bias ``b_ln`` (``[d_model]``) into a weight that reads
+    its output, ``W [..., d_model, d_out]`` with bias ``b [..., d_out]``: ``(x̂ w + b_ln) W + b =
+    x̂ (diag(w) W) + (b_ln W + b)``; the folded weight is then centred over ``d_model``, since ``x̂``
+    (normalised, mean zero) has no component along the all-ones direction (TransformerLens's
+    ``fold_ln`` with ``center_weights``)."""
+    W_folded = w_ln[:, None] * W
+    b_folded = b + einsum(b_ln, W, "d_model, ... d_model d_out -> ... d_out")
+    return W_folded - W_folded.mean(-2, keepdim=True), b_folded
+
+
+def _components(fm, tokens: torch.Tensor):
+    """The final residual stream of a folded model split into its writers, each through the final
+    LayerNorm with the scale frozen (``[comp, batch, pos, d_model]``), and their labels."""
+    _, cache = fm.run_with_cache(tokens)
+    heads, head_labels = cache.stack_head_results(layer=-1, return_labels=True)  # [comp, batch, pos, d_model]
+    n = fm.cfg.n_layers
+    mlps = torch.stack([cache["mlp_out", l] for l in range(n)]) if not fm.cfg.attn_only else heads[:0]
+    # each MLP's output includes its b_out; the heads' results leave out b_O (with b_V folded in)
+    bias = sum(fm.blocks[l].attn.b_O for l in range(n)).expand_as(cache["embed"])
+    # positions reach the residual stream only in "standard" models ("shortformer": queries and keys)
+    direct = [("embed", cache["embed"])]
+    if fm.cfg.positional_embedding_type == "standard":
+        direct.append(("pos", cache["pos_embed"]))
+    stack = torch.cat([torch.stack([d for _, d in direct]), heads, mlps, bias[None]])
+    labels = [name for name, _ in direct] + [head_name(*map(int, re.findall(r"\d+", lab))) for lab in head_labels]
+    labels += [f"mlp {l}" for l in range(len(mlps))] + ["bias"]
+    eps = fm.ln_final.eps if hasattr(fm.ln_final, "eps") else fm.cfg.eps
+    return frozen_ln(stack, cache["resid_post", n - 1], eps), labels
+
+
+@torch.no_grad()
+def logit_shares(model, tokens: torch.Tensor) -> LogitShares:
+    """Decompose the correct next token's logit into the direct path (token and position
+    embeddings), each head, each MLP and the biases, with the final LayerNorm's scale frozen at its
+    real value (:func:`frozen_ln`, TransformerLens's ``decompose_resid`` and
+    ``apply_ln_to_stack``): an exact sum in the frozen-scale sense, the only one a model with
+    LayerNorm allows."""
+    fm = folded(model)
+    tokens = validate.tokens(fm, tokens, 2, "a next-token logit (a token to predict)")
+    scaled, labels = _components(fm, tokens)
+    scaled = scaled[:, :, :-1]  # [comp, batch, pos-1, d_model]: positions with a next token
+    directions = fm.W_U[:, tokens[:, 1:]]  # [d_model, batch, pos-1]
+    contrib = einsum(scaled, directions, "c b p d, d b p -> c b p").mean(dim=(1, 2))
+    b_U = fm.b_U[tokens[:, 1:]].mean()
+    return LogitShares(labels + ["b_U"], torch.cat([contrib, b_U[None]]), float(contrib.sum() + b_U))
+
+
+@dataclass
+class ExpansionGap:
+    """How far the attention-only path expansion (direct path + heads, no MLP terms) is from the
+    real logits of a model with MLPs, on the same tokens (nats per token; logits scaled alike)."""
+
+    loss: float  # the model's real next-token loss
+    loss_attention_only: float  # the loss of the frozen-scale sum without the MLP terms
+    loss_direct: float  # the loss of the direct path alone (embeddings, biases)
+    logit_error: float  # mean |attention-only logit - real logit| / mean |real logit - its mean|
+    reconstruction_error: float  # max |sum of every term - real logit|: the frozen-scale sum is exact
+
+
+@torch.no_grad()
+def attention_only_gap(model, tokens: torch.Tensor) -> ExpansionGap:
+    """Chapters 3 and 5's path expansion, applied to a model with MLPs: the frozen-scale sum of the
+    embeddings, every head and the biases (:func:`logit_shares`' terms without the MLPs), against
+    the real logits. Heads still read what earlier MLPs wrote; only the MLPs' direct paths go."""
+    fm = folded(model)
+    tokens = validate.tokens(fm, tokens, 2, "a next-token loss (a token to predict)")
+    scaled, labels = _components(fm, tokens)
+    keep = torch.tensor([not lab.startswith("mlp") for lab in labels])
+    direct = torch.tensor([lab in ("embed", "pos", "bias") for lab in labels])  # and the biases
+    real = fm(tokens)
+    logits = {name: scaled[mask].sum(0) @ fm.W_U + fm.b_U for name, mask in
+              (("all", torch.ones_like(keep)), ("attn", keep), ("direct", direct))}
+    centred = real - real.mean(-1, keepdim=True)
+    error = ((logits["attn"] - real) - (logits["attn"] - real).mean(-1, keepdim=True)).abs().mean() / centred.abs().mean()
+    return ExpansionGap(
+        loss=float(loss_fn(real, tokens)), loss_attention_only=float(loss_fn(logits["attn"], tokens)),
+        loss_direct=float(loss_fn(logits["direct"], tokens)), logit_error=float(error),
+        reconstruction_error=float((logits["all"] - real).abs().max()),
+    )
+
+
+def loss_bump(values) -> float:
+    """The largest rise of a loss curve above its lowest value so far (0 when it never rises):
+    ``max_j (v_j - min_{i<=j} v_i)``. A phase change that costs loss for a while shows as a bump;
+    a curve that only falls gives 0. Missing values (``None``) are skipped."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        raise ValueError("values is empty: pass a loss curve (e.g. history['val_loss'])")
+    best, bump = vals[0], 0.0
+    for v in vals:
+        best = min(best, v)
+        bump = max(bump, v - best)
+    return bump
+
+
+def rank_correlation(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Spearman's rank correlation of two score tables of the same shape (e.g. ``[layer, head]``):
+    the Pearson correlation of their ranks."""
+    if x.shape != y.shape or x.numel() < 2:
+        raise ValueError(f"need two score tables of one shape with 2+ entries, got {tuple(x.shape)} and {tuple(y.shape)}")
+    rx, ry = (t.flatten().argsort().argsort().double() for t in (x, y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float((rx * ry).sum() / (rx.norm() * ry.norm()))

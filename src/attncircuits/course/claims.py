@@ -1,0 +1,120 @@
+"""A chapter's claims, checked on whichever models are in use.
+
+    from attncircuits.course.claims import claim, summary
+    claim("a previous-token head in layer 0", prev_score > 0.5, prev_score)
+    ...
+    summary()   # last cell: the claims that held and those that did not
+
+On the shipped models a claim is an assertion, as a bare ``assert`` was: when it does not hold,
+:func:`claim` raises ``AssertionError`` naming the claim and the measured value, so nbval fails.
+On another set of models (``ATTNCIRCUITS_MODELS``, see :mod:`attncircuits.checkpoints.modelset`) the chapter is
+an experiment instead: a claim that does not hold prints one line,
+``claim not held: <text> (measured: <value>)`` (wrapped at the book's 79 columns, continuation
+lines indented), and the chapter runs on. Every claim is recorded
+(in this kernel) for :func:`summary`, and, when ``ATTNCIRCUITS_CLAIMS_LOG`` names a file, appended to
+it as one JSON line, so that ``make replicate`` can count the claims that held in each chapter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import textwrap
+from dataclasses import asdict, dataclass
+
+from attncircuits.checkpoints import modelset
+
+LOG_ENV = "ATTNCIRCUITS_CLAIMS_LOG"
+#: the widest line a chapter may print (``tests/notebook_pages.py``'s ``LINE_LIMIT``)
+WIDTH = 79
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    held: bool
+    measured: str
+    models: str  # "shipped" or the set's folder
+
+
+_record: list[Claim] = []
+
+
+def models_in_use() -> str:
+    """"shipped", or the folder of the set ``ATTNCIRCUITS_MODELS`` names."""
+    directory = modelset.current_dir()
+    return "shipped" if directory is None else str(directory)
+
+
+def _fmt(x) -> str:
+    if hasattr(x, "tolist"):  # tensors and arrays
+        x = x.tolist()
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, (list, tuple)):
+        inner = ", ".join(_fmt(v) for v in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in x.items()) + "}"
+    return str(x)
+
+
+def _truth(ok) -> bool:
+    """``ok`` as one bool: a bool, or a one-element bool tensor or array (a comparison's result)."""
+    if hasattr(ok, "shape") and hasattr(ok, "item"):  # torch tensors, numpy arrays and scalars
+        n = math.prod(ok.shape)
+        if n != 1:
+            raise TypeError(f"claim: ok must be one truth value, got {n} (shape {tuple(ok.shape)}); "
+                            "reduce it with .all() or .any()")
+        ok = ok.item()
+    if not isinstance(ok, bool):
+        raise TypeError(f"claim: ok must be a comparison's result (True or False), got {ok!r}")
+    return ok
+
+
+def claim(text: str, ok, measured=None) -> bool:
+    """Check one claim: ``ok`` is whether it holds, ``measured`` what was measured (printed when it
+    does not hold). Raises ``AssertionError`` on the shipped models when it does not hold; on another
+    set prints one line and returns False. Returns whether it held."""
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError(f"claim: text must say what is claimed, got {text!r}")
+    held = _truth(ok)
+    c = Claim(text.strip(), held, _fmt(measured), models_in_use())
+    _record.append(c)
+    log = os.environ.get(LOG_ENV, "").strip()
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(c)) + "\n")
+    if not held:
+        if c.models == "shipped":
+            raise AssertionError(f"claim not held: {c.text} (measured: {c.measured})")
+        print(_wrap(f"claim not held: {c.text} (measured: {c.measured})"))
+    return held
+
+
+def _wrap(line: str, indent: str = "    ") -> str:
+    """``line`` folded to :data:`WIDTH` columns, as the book's column shows a printed line."""
+    return textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def results() -> list[Claim]:
+    """The claims checked so far in this kernel, in order."""
+    return list(_record)
+
+
+def reset() -> None:
+    """Forget the claims recorded so far (a chapter's first cell may call it)."""
+    _record.clear()
+
+
+def summary() -> str:
+    """Print, and return, the count of claims that held and each one that did not (with its value)."""
+    held = [c for c in _record if c.held]
+    failed = [c for c in _record if not c.held]
+    where = "the shipped models" if models_in_use() == "shipped" else f"the models in {models_in_use()}"
+    lines = [f"{len(held)} of {len(_record)} claims held on {where}"]
+    lines += [_wrap(f"  not held: {c.text} (measured: {c.measured})", "      ") for c in failed]
+    text = "\n".join(lines)
+    print(text)
+    return text

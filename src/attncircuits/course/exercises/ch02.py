@@ -1,0 +1,169 @@
+"""Checks for chapter 2, zero layers: the bigram table read from the weights, the table counted in
+the corpus, and two ways to compare them weighted by how often each bigram occurs.
+
+The references are in :mod:`attncircuits.analysis.circuits.bigrams`: ``bigram_log_probs``, ``count_bigrams``,
+``cross_entropy - conditional_entropy`` (the KL that ``compare_bigram_tables`` reports) and
+``weighted_pearson`` on the observed bigrams (its Pearson).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attncircuits.analysis.circuits.bigrams import (
+    bigram_log_probs,
+    conditional_entropy,
+    count_bigrams,
+    cross_entropy,
+    next_token_kl,
+    weighted_pearson,
+)
+from attncircuits.checkpoints.pretrained import load_validation_tokens
+from attncircuits.course.exercises._core import (
+    Case,
+    Diagnosis,
+    Method,
+    guarded,
+    random_model,
+    random_tokens,
+    run_check,
+    shipped,
+)
+
+__all__ = ["check_bigram_table", "check_bigram_counts", "check_bigram_kl", "check_bigram_correlation"]
+
+
+# ---- Exercise 2.1 --------------------------------------------------------------------------------
+def _product(case):
+    model = case.args[0]
+    return model.W_E @ model.W_U
+
+
+@guarded
+def check_bigram_table(bigram_table) -> bool:
+    """``bigram_table(model)`` -> ``log p(b | a)`` from ``W_E`` and ``W_U``, ``[d_vocab, d_vocab]``."""
+    cases = [
+        Case("attn-only-0l", (shipped("attn-only-0l").model,)),
+        Case("attn-only-2l's direct path", (shipped("attn-only-2l").model,)),
+        Case("a random model", (random_model(n_layers=0, seed=1),), kind="random"),
+    ]
+    mistakes = [
+        Diagnosis("these are logits; apply log_softmax over the next token (the last axis)", lambda e, c: _product(c)),
+        Diagnosis(
+            "these are probabilities; the table holds log-probabilities (log_softmax)",
+            lambda e, c: _product(c).softmax(-1),
+        ),
+        Diagnosis(
+            "normalised over the current token (axis 0); each row a must be a distribution over next tokens b",
+            lambda e, c: _product(c).log_softmax(0),
+        ),
+    ]
+    return run_check(bigram_table, cases, lambda m: bigram_log_probs(m, direct_path=True), mistakes, atol=1e-4)
+
+
+# ---- Exercise 2.2 --------------------------------------------------------------------------------
+def _pairs(tokens, d_vocab, gap=1, drop_last=False):
+    a, b = tokens[:-gap], tokens[gap:]
+    if drop_last:
+        a, b = a[:-1], b[:-1]
+    return torch.bincount(a * d_vocab + b, minlength=d_vocab * d_vocab).view(d_vocab, d_vocab)
+
+
+@guarded
+def check_bigram_counts(bigram_counts) -> bool:
+    """``bigram_counts(tokens, d_vocab)`` -> integer counts ``C[a, b]`` (``b`` right after ``a``)."""
+    val = load_validation_tokens()[:20_000]
+    cases = [
+        Case("20,000 validation tokens", (val, 2048)),
+        Case("random tokens", (random_tokens(40, (600,), seed=2), 40), kind="random"),
+        Case("the stream 3 1 3 1 2", (torch.tensor([3, 1, 3, 1, 2]), 4), kind="hand-built"),
+    ]
+    mistakes = [
+        Diagnosis("counted pairs two tokens apart; a bigram is two neighbours", lambda e, c: _pairs(*c.args, gap=2)),
+        Diagnosis("the last pair is missing", lambda e, c: _pairs(*c.args, drop_last=True)),
+    ]
+    loop = Method(
+        "a Python loop over the tokens (more than 2,000 torch calls for 20,000 tokens); count all pairs "
+        "at once: torch.bincount of a * d_vocab + b",
+        max_calls=2_000,
+    )
+    return run_check(
+        bigram_counts, cases, count_bigrams, mistakes, method=loop,
+        slow_hint="count all pairs at once: torch.bincount of a * d_vocab + b",
+    )
+
+
+# ---- Exercises 2.3 and 2.4 -----------------------------------------------------------------------
+def _comparison_cases() -> list[Case]:
+    val = load_validation_tokens()
+    rnd = random_model(n_layers=0, seed=3, d_vocab=30)
+    counts = count_bigrams(random_tokens(30, (400,), seed=4), 30)
+    three = torch.tensor([[3, 1, 0], [0, 0, 0], [2, 0, 2]])  # token 1 is never followed by anything
+    three_lp = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.3, 0.3, 0.4]]).log()
+    return [
+        Case("attn-only-0l vs the validation split", (bigram_log_probs(shipped("attn-only-0l").model), count_bigrams(val, 2048))),
+        Case("a random model vs random tokens", (bigram_log_probs(rnd), counts), kind="random"),
+        Case("a 3-token table", (three_lp, three), kind="hand-built"),
+    ]
+
+
+def _seen(counts):
+    return counts.sum(-1) > 0
+
+
+@guarded
+def check_bigram_kl(bigram_kl) -> bool:
+    """``bigram_kl(log_probs, counts)`` -> the frequency-weighted mean over current tokens ``a`` of
+    ``KL(p_counts(. | a) || p_table(. | a))``, in nats (a float)."""
+    mistakes = [
+        Diagnosis(
+            "an unweighted mean over current tokens; weight each token's KL by how often it occurs (C[a])",
+            lambda e, c: float(next_token_kl(*c.args)[_seen(c.args[1])].mean()),
+        ),
+        Diagnosis(
+            "the mean over all d_vocab rows, unseen tokens included; weight by C[a] / sum(C)",
+            lambda e, c: float(next_token_kl(*c.args).mean()),
+        ),
+        Diagnosis(
+            "this is the cross-entropy (the table's loss); subtract the entropy of the counts to get the KL",
+            lambda e, c: cross_entropy(*c.args),
+        ),
+        Diagnosis("summed over current tokens; take their weighted mean", lambda e, c: float(next_token_kl(*c.args).sum())),
+    ]
+    return run_check(
+        bigram_kl, _comparison_cases(), lambda lp, c: cross_entropy(lp, c) - conditional_entropy(c), mistakes, atol=1e-5, rtol=1e-4
+    )
+
+
+def _pearson_variant(log_probs, counts, weighted=True, log=True):
+    a, b = counts.nonzero(as_tuple=True)
+    n = counts[a, b].double()
+    x = log_probs[a, b].double()
+    y = (n / counts.sum(-1)[a].double()).log()
+    if not log:
+        x, y = x.exp(), y.exp()
+    return weighted_pearson(x, y, n if weighted else torch.ones_like(n))
+
+
+@guarded
+def check_bigram_correlation(bigram_correlation) -> bool:
+    """``bigram_correlation(log_probs, counts)`` -> the Pearson correlation of ``log p(b | a)`` from
+    the table and from the counts, over the observed bigrams, each weighted by its count."""
+    mistakes = [
+        Diagnosis(
+            "every observed bigram counts once; weight each by its count C[a, b]",
+            lambda e, c: _pearson_variant(*c.args, weighted=False),
+        ),
+        Diagnosis(
+            "correlated probabilities; the chapter compares log-probabilities",
+            lambda e, c: _pearson_variant(*c.args, log=False),
+        ),
+    ]
+    return run_check(
+        bigram_correlation,
+        _comparison_cases(),
+        _pearson_variant,
+        mistakes,
+        atol=1e-5,
+        rtol=1e-4,
+    )

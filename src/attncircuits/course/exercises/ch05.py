@@ -1,0 +1,291 @@
+"""Checks for chapter 5, two layers: a composition score, its random baseline, K-composition
+between two heads, a virtual head's OV circuit and the loss of the first-order path terms.
+
+Each check runs the learner's function on the shipped two-layer model and on a small random
+two-layer model against the package's reference (``attncircuits.analysis.circuits``) and names the typical
+mistakes: the product in the wrong order, a missing normalisation, the Q- or V-composition score
+in place of the K one, a virtual head read in the wrong order, the virtual terms left in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from attncircuits.analysis import circuits
+from attncircuits.analysis.circuits.composition import random_composition_scores
+from attncircuits.checkpoints.pretrained import validation_windows
+from attncircuits.course.exercises._core import (
+    Case,
+    Diagnosis,
+    guarded,
+    other_heads,
+    random_model,
+    random_tokens,
+    run_check,
+    shipped,
+)
+from attncircuits.models.attn_only import AttnOnlyTransformer
+
+__all__ = [
+    "check_composition_score",
+    "check_first_order_loss",
+    "check_k_composition_score",
+    "check_random_composition_scores",
+    "check_virtual_ov",
+]
+
+
+def _ov(model: AttnOnlyTransformer, layer: int, head: int) -> Tensor:
+    b = model.blocks[layer]
+    return (b.W_V[head] @ b.W_O[head]).detach()
+
+
+def _qk(model: AttnOnlyTransformer, layer: int, head: int) -> Tensor:
+    b = model.blocks[layer]
+    return (b.W_Q[head] @ b.W_K[head].T).detach()
+
+
+def _score(first: Tensor, second: Tensor) -> float:
+    return float((first @ second).norm() / (first.norm() * second.norm()))
+
+
+def _two_layer() -> AttnOnlyTransformer:
+    return random_model(n_layers=2, seed=5)
+
+
+# ---- 5.1 the composition score of two matrices ---------------------------------------------------
+@guarded
+def check_composition_score(fn) -> bool:
+    """``composition_score(first, second) -> float``: ``‖first @ second‖_F / (‖first‖_F ‖second‖_F)``."""
+    g = torch.Generator().manual_seed(0)
+
+    def low_rank(d: int) -> Tensor:
+        return torch.randn(d, 4, generator=g) @ torch.randn(4, d, generator=g)
+
+    a, b = low_rank(32), low_rank(32)
+    m = shipped("attn-only-2l").model
+    cases = [
+        Case("two random rank-4 matrices, d_model=32", (a, b), kind="random"),
+        Case("the same two, scaled by 3 and by 0.5", (3 * a, 0.5 * b), kind="random"),
+        Case("attn-only-2l: W_OV of head 0.0, W_QK of head 1.0", (_ov(m, 0, 0), _qk(m, 1, 0))),
+    ]
+    return run_check(
+        fn,
+        cases,
+        _score,
+        [
+            Diagnosis(
+                "you multiplied in the wrong order: the writer comes first, `first @ second`",
+                lambda e, c: _score(c.args[1], c.args[0]),
+            ),
+            Diagnosis(
+                "not normalised: divide ‖first @ second‖ by ‖first‖ ‖second‖ (the score is scale-free, in [0, 1])",
+                lambda e, c: float((c.args[0] @ c.args[1]).norm()),
+            ),
+            Diagnosis(
+                "you divided by the norm of the product's factors squared; use ‖first‖ ‖second‖",
+                lambda e, c: float((c.args[0] @ c.args[1]).norm() / (c.args[0].norm() ** 2 * c.args[1].norm() ** 2)),
+            ),
+        ],
+        name="composition_score",
+        atol=1e-5,
+        rtol=1e-3,
+    )
+
+
+# ---- 5.2 K-composition between two heads ---------------------------------------------------------
+def _k_score(model, writer, reader):
+    return circuits.composition_score(model, "k", (0, writer), (1, reader))
+
+
+@guarded
+def check_k_composition_score(fn) -> bool:
+    """``k_composition_score(model, writer, reader) -> float``: how much layer-1 head ``reader``
+    reads, through its key, what layer-0 head ``writer`` writes."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    cases = [
+        Case("a random 2-layer model, 0.1 -> 1.2", (rnd, 1, 2), kind="random", others=other_heads((rnd, 1, 2), 2, 4, "reader 1.{}")),
+        Case("attn-only-2l, 0.2 -> 1.1", (m2, 2, 1), others=other_heads((m2, 2, 1), 2, 4, "reader 1.{}")),
+        Case("attn-only-2l, 0.0 -> 1.3", (m2, 0, 3), others=other_heads((m2, 0, 3), 2, 4, "reader 1.{}")),
+    ]
+    return run_check(
+        fn,
+        cases,
+        _k_score,
+        [
+            Diagnosis(
+                "that is the Q-composition score: the key side reads through W_QK transposed, W_K W_Q^T",
+                lambda e, c: circuits.composition_score(c.args[0], "q", (0, c.args[1]), (1, c.args[2])),
+            ),
+            Diagnosis(
+                "that is the V-composition score: K-composition reads through the key, W_QK^T",
+                lambda e, c: circuits.composition_score(c.args[0], "v", (0, c.args[1]), (1, c.args[2])),
+            ),
+            Diagnosis(
+                "you multiplied in the wrong order: the writer's W_OV comes first",
+                lambda e, c: _score(_qk(c.args[0], 1, c.args[2]).T, _ov(c.args[0], 0, c.args[1])),
+            ),
+            Diagnosis(
+                "writer and reader are swapped: the writer is a layer-0 head, the reader a layer-1 head",
+                lambda e, c: _k_score(c.args[0], c.args[2], c.args[1]),
+            ),
+        ],
+        name="k_composition_score",
+        time_limit=30,
+        atol=1e-5,
+        rtol=1e-3,
+    )
+
+
+# ---- 5.3 the random baseline ---------------------------------------------------------------------
+def _variant_scores(d_model: int, d_head: int, n: int, how: str, seed: int = 99) -> Tensor:
+    """Scores of ``n`` random pairs drawn one usual wrong way: ``full`` (full-rank matrices),
+    ``same`` (one matrix as writer and reader) or ``uniform`` (torch.rand factors)."""
+    g = torch.Generator().manual_seed(seed)
+    draw = (lambda *sh: torch.rand(*sh, generator=g)) if how == "uniform" else (lambda *sh: torch.randn(*sh, generator=g))
+
+    def mat():
+        if how == "full":
+            return draw(n, d_model, d_model)
+        return draw(n, d_model, d_head) @ draw(n, d_head, d_model)
+
+    first = mat()
+    second = first if how == "same" else mat()
+    norm = torch.linalg.matrix_norm
+    return (norm(first @ second) / (norm(first) * norm(second))).double()
+
+
+_BASELINE_MISTAKES = {
+    "full": "your matrices are full rank: each must be a rank-d_head product, [d_model, d_head] @ [d_head, d_model]",
+    "same": "the writer and the reader are the same matrix: draw two independent matrices for every sample",
+    "uniform": "your factors come from torch.rand (uniform in [0, 1), all positive): draw centred Gaussian "
+               "entries with torch.randn",
+}
+
+
+def _agree(mean, std, ref: Tensor, n: int) -> bool:
+    """Whether ``n`` samples with this mean and standard deviation could come from ``ref``'s
+    distribution (within 5 standard errors, plus 3% for the mean and 25% for the spread)."""
+    ref_mean, ref_std = float(ref.mean()), float(ref.std())
+    mean_ok = abs(mean - ref_mean) <= 5 * ref_std / math.sqrt(n) + 0.03 * ref_mean
+    std_ok = abs(std - ref_std) <= ref_std * (5 / math.sqrt(2 * n) + 0.25)
+    return mean_ok and std_ok
+
+
+def _compare_baseline(got, expected, case) -> str | None:
+    if not isinstance(got, Tensor):
+        return f"return a tensor of the scores, got a {type(got).__name__}"
+    d_model, d_head, n = case.args[:3]
+    if tuple(got.shape) != (n,):
+        return f"return one score per sample, shape [{n}]; got {list(got.shape)}"
+    got = got.detach().double()
+    if not torch.isfinite(got).all():
+        bad = int((~torch.isfinite(got)).sum())
+        return f"{bad} of your {n} scores are NaN or infinite (a division by a zero norm?)"
+    mean, std = float(got.mean()), float(got.std())
+    if std < 1e-6:
+        return "all your samples have the same score: draw new random matrices for every sample"
+    if _agree(mean, std, expected.double(), n):
+        return None
+    for how, message in _BASELINE_MISTAKES.items():  # said only when the scores look like that mistake's
+        if _agree(mean, std, _variant_scores(d_model, d_head, 1000, how), n):
+            return message
+    if mean > 1 + 1e-4:
+        return f"scores above 1 (mean {mean:.3g}): divide by the two Frobenius norms"
+    ref_mean, ref_std = float(expected.mean()), float(expected.std())
+    return (f"your scores' mean is {mean:.4f} and spread (std) {std:.4f}; the baseline's are {ref_mean:.4f} and "
+            f"{ref_std:.4f}: draw each matrix as the product of two Gaussian factors")
+
+
+@guarded
+def check_random_composition_scores(fn) -> bool:
+    """``random_composition_scores(d_model, d_head, n_samples, seed) -> Tensor [n_samples]``:
+    compared by their mean and their spread (they are random) with the reference's, and with
+    those of the usual wrong draws (full rank, one matrix twice, torch.rand)."""
+    cases = [
+        Case("d_model=32, d_head=4, 400 samples", (32, 4, 400, 1), kind="random"),
+        Case("d_model=64, d_head=16, 200 samples", (64, 16, 200, 2), kind="random"),
+    ]
+    for c in cases:  # the reference with more samples, so its mean is a fixed target
+        c.expected = random_composition_scores(c.args[0], c.args[1], 1000, seed=99)
+    return run_check(fn, cases, compare=_compare_baseline, name="random_composition_scores")
+
+
+# ---- 5.4 a virtual head's OV circuit -------------------------------------------------------------
+def _virtual_ov(model, writer, reader):
+    return circuits.virtual_ov_circuit(model, writer, reader).dense()
+
+
+@guarded
+def check_virtual_ov(fn) -> bool:
+    """``virtual_ov(model, writer, reader) -> Tensor [d_vocab, d_vocab]``: ``W_E W_OV^{0,w} W_OV^{1,r} W_U``."""
+    cases = [
+        Case("a random 2-layer model, 1.2∘0.1", (rnd := _two_layer(), 1, 2), kind="random",
+             others=other_heads((rnd, 1, 2), 1, 4, "writer 0.{}")),
+        Case("attn-only-2l, 1.1∘0.2", (m2 := shipped("attn-only-2l").model, 2, 1),
+             others=other_heads((m2, 2, 1), 1, 4, "writer 0.{}")),
+    ]
+
+    def wrong_order(e, c):
+        m, w, r = c.args
+        return m.W_E @ _ov(m, 1, r) @ _ov(m, 0, w) @ m.W_U
+
+    def no_embed(e, c):
+        m, w, r = c.args
+        return _ov(m, 0, w) @ _ov(m, 1, r) @ m.W_U
+
+    return run_check(
+        fn,
+        cases,
+        _virtual_ov,
+        [
+            Diagnosis("you applied the layer-1 head first: the layer-0 head writes, then the layer-1 head reads", wrong_order),
+            Diagnosis("rows must be source tokens: start from W_E", no_embed),
+        ],
+        name="virtual_ov",
+        time_limit=30,
+        atol=1e-3,
+        rtol=1e-3,
+    )
+
+
+# ---- 5.5 term importance: the loss of the first-order terms ---------------------------------------
+def _first_order(model, tokens):
+    return circuits.term_importance(model, tokens).first_order
+
+
+@guarded
+def check_first_order_loss(fn) -> bool:
+    """``first_order_loss(model, tokens) -> float``: the loss of the direct path plus every
+    single-head term, all attention patterns frozen, no virtual heads."""
+    m2 = shipped("attn-only-2l").model
+    rnd = _two_layer()
+    cases = [
+        Case("a random 2-layer model, 4 x 16 random tokens", (rnd, random_tokens(rnd.cfg.d_vocab, (4, 16))), kind="random"),
+        Case("attn-only-2l, 4 validation windows", (m2, validation_windows(n_ctx=m2.cfg.n_ctx)[:4])),
+    ]
+
+    def other(field: str):
+        return lambda e, c: getattr(circuits.term_importance(*c.args), field)
+
+    return run_check(
+        fn,
+        cases,
+        _first_order,
+        [
+            Diagnosis(
+                "that is the model's own loss: leave out the virtual heads (layer-1 values read only the embedding)",
+                other("full"),
+            ),
+            Diagnosis("that is the direct path alone: add the single-head terms of both layers", other("direct")),
+            Diagnosis("you left out the layer-1 heads' terms", other("direct_layer0")),
+            Diagnosis("you left out the layer-0 heads' terms", other("direct_layer1")),
+        ],
+        name="first_order_loss",
+        time_limit=30,
+        atol=1e-4,
+        rtol=1e-4,
+    )

@@ -1,0 +1,335 @@
+"""Checks for chapter 6, induction heads: the previous-token and prefix-matching scores from a
+cache, finding induction heads in any model, zero and mean ablation, the induction head's
+attention scores split by source, and the copying accuracy of the induction heads' OV circuits.
+
+The references are the package's own functions for these quantities, in the rooms of what they
+read (:mod:`attncircuits.analysis.scores`, :mod:`attncircuits.analysis.losses`, :mod:`attncircuits.analysis.circuits`); the
+chapter's later cells call them, never the learner's versions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum
+from torch import Tensor
+
+from attncircuits.analysis import losses, scores
+from attncircuits.analysis.circuits.copying import ov_copying_accuracy
+from attncircuits.analysis.losses import mean_ablation
+from attncircuits.analysis.scores import induction_heads, qk_score_terms
+from attncircuits.checkpoints.pretrained import validation_windows
+from attncircuits.course.exercises._core import Case, Diagnosis, guarded, other_heads, random_model, run_check, shipped
+from attncircuits.models import handbuilt
+from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
+
+__all__ = [
+    "check_ablated_loss",
+    "check_copying_accuracy",
+    "check_find_induction_heads",
+    "check_prefix_matching_score",
+    "check_previous_token_score",
+    "check_qk_score_terms",
+]
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def _two_layer() -> AttnOnlyTransformer:
+    """A random two-layer model with the context of the shipped ones (room for 25 x 4 repeats)."""
+    return random_model(n_layers=2, seed=6, n_ctx=128)
+
+
+def _text(model: AttnOnlyTransformer, n: int = 8) -> Tensor:
+    return validation_windows(n_ctx=model.cfg.n_ctx)[:n]
+
+
+def _pattern(model: AttnOnlyTransformer, tokens: Tensor, layer: int) -> Tensor:
+    return model.run_with_cache(tokens)[1].pattern[layer]
+
+
+def _as_number(x):
+    return x.item() if isinstance(x, Tensor) and x.numel() == 1 else x
+
+
+# ---- 6.1 previous-token score from a pattern ------------------------------------------------------
+def _prev(pattern, offset=-1):
+    return pattern.diagonal(offset=offset, dim1=-2, dim2=-1).mean((0, 2))
+
+
+@guarded
+def check_previous_token_score(fn) -> bool:
+    """``previous_token_score(pattern [batch, head, q, k]) -> Tensor [head]``."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    text = _text(m2, 4)
+    cases = [
+        Case("attn-only-2l layer 0, 8 windows of text", (_pattern(m2, text, 0),)),
+        Case("attn-only-2l layer 1, 8 windows of text", (_pattern(m2, text, 1),)),
+        Case("a random 2-layer model, layer 0", (_pattern(rnd, text[:4] % rnd.cfg.d_vocab, 0),), kind="random"),
+    ]
+    return run_check(
+        fn,
+        cases,
+        _prev,
+        [
+            Diagnosis("you measured attention to the token itself: the previous token is the diagonal at offset -1",
+                      lambda e, c: _prev(c.args[0], 0)),
+            Diagnosis("you measured attention two tokens back: the previous token is the diagonal at offset -1",
+                      lambda e, c: _prev(c.args[0], -2)),
+            Diagnosis("you summed over batch and positions: take the mean",
+                      lambda e, c: c.args[0].diagonal(offset=-1, dim1=-2, dim2=-1).sum((0, 2))),
+            Diagnosis("you averaged over heads too: keep one score per head (mean over batch and positions)",
+                      lambda e, c: _prev(c.args[0]).mean().expand_as(e)),
+        ],
+        name="previous_token_score",
+    )
+
+
+# ---- 6.2 prefix-matching score from a pattern -----------------------------------------------------
+def _prefix(pattern, tokens, seq_len):
+    target = scores.prefix_match_targets(tokens).to(pattern.dtype)
+    mass = einsum(pattern, target, "b h q k, b q k -> b h q")
+    return mass[:, :, 1 + seq_len :].mean((0, 2))
+
+
+def _duplicate(pattern, tokens, seq_len):
+    n = tokens.shape[1]
+    same = (tokens[:, :, None] == tokens[:, None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
+    return einsum(pattern, same.to(pattern.dtype), "b h q k, b q k -> b h q")[:, :, 1 + seq_len :].mean((0, 2))
+
+
+@guarded
+def check_prefix_matching_score(fn) -> bool:
+    """``prefix_matching_score(pattern, tokens, seq_len) -> Tensor [head]`` on ``[EOT]`` + copies."""
+    cases = []
+    for name, layer, kind in (("attn-only-2l", 1, "shipped"), ("attn-only-1l", 0, "shipped")):
+        m = shipped(name).model
+        toks = losses.repeated_tokens(m, 25, 4, batch_size=8)
+        cases.append(Case(f"{name} layer {layer}, 25 tokens x 4", (_pattern(m, toks, layer), toks, 25), kind=kind))
+    rnd = _two_layer()
+    toks = losses.repeated_tokens(rnd, 20, 3, batch_size=4, seed=1)
+    cases.append(Case("a random 2-layer model, 20 tokens x 3", (_pattern(rnd, toks, 1), toks, 20), kind="random"))
+    return run_check(
+        fn,
+        cases,
+        _prefix,
+        [
+            Diagnosis("you scored attention to the earlier copy of the token itself; the target is the token after it",
+                      lambda e, c: _duplicate(*c.args)),
+            Diagnosis("you averaged over the first copy too: only queries in later copies (from 1 + seq_len) count",
+                      lambda e, c: einsum(c.args[0], scores.prefix_match_targets(c.args[1]).to(e.dtype),
+                                          "b h q k, b q k -> b h q").mean((0, 2))),
+        ],
+        name="prefix_matching_score",
+    )
+
+
+# ---- 6.3 find the induction heads of any model ----------------------------------------------------
+def _deeper(model: AttnOnlyTransformer) -> AttnOnlyTransformer:
+    """``model`` with an empty layer inserted after layer 0 (its heads write nothing and attend
+    uniformly): the same circuit, so its induction heads are the same heads, now in layer 2."""
+    cfg = AttnOnlyConfig(**{**model.cfg.to_dict(), "n_layers": model.cfg.n_layers + 1})
+    deep = AttnOnlyTransformer(cfg).eval()
+    with torch.no_grad():
+        deep.W_E.copy_(model.W_E)
+        deep.W_U.copy_(model.W_U)
+        for name, _ in deep.blocks[1].named_parameters():
+            getattr(deep.blocks[1], name).zero_()
+        for new, old in ((0, 0), *((i + 1, i) for i in range(1, model.cfg.n_layers))):
+            deep.blocks[new].load_state_dict(model.blocks[old].state_dict())
+    return deep
+
+
+def _compare_heads(got, expected, case) -> str | None:
+    try:
+        got_list = sorted((int(l), int(h)) for l, h in got)
+    except (TypeError, ValueError):
+        return f"return a list of (layer, head) pairs, got {got!r}"
+    if got_list == sorted(expected):
+        return None
+    if got_list == sorted((h, l) for l, h in expected):
+        return f"you returned (head, layer) pairs {got_list}: each pair is (layer, head)"
+    if any(l > 1 for l, _ in expected) and all(l == 1 for l, _ in got_list):
+        return (f"you looked only at layer 1 ({got_list}); this model's induction heads are in layer 2: "
+                "score every layer's heads")
+    model = case.args[0]
+    cfg = model.cfg
+    if any(not (0 <= l < cfg.n_layers and 0 <= h < cfg.n_heads) for l, h in got_list):
+        layers = "one layer, layer 0" if cfg.n_layers == 1 else f"layers 0-{cfg.n_layers - 1}"
+        return (f"you returned {got_list}, but this model has {layers}, with heads 0-{cfg.n_heads - 1}: "
+                "score the heads of the model you are given")
+    pm = scores.prefix_matching_scores(model, batch_size=8)
+    extra = sorted(set(got_list) - set(expected))
+    missing = sorted(set(expected) - set(got_list))
+    if extra:
+        prev = scores.previous_token_scores(model, losses.repeated_tokens(model, 25, 4, batch_size=4))
+        if all(prev[l, h] > max(0.2, pm[l, h]) for l, h in extra):
+            return (f"you returned {got_list}: {', '.join(f'{l}.{h}' for l, h in extra)} attend to the previous "
+                    f"token (previous-token score {', '.join(f'{prev[l, h]:.2f}' for l, h in extra)}), so they "
+                    "are previous-token heads: find induction heads by prefix matching, not previous-token attention")
+
+    def listed(heads):
+        return ", ".join(f"{l}.{h} ({pm[l, h]:.2f})" for l, h in heads)
+
+    if extra and not missing:
+        return (f"you also returned heads whose prefix-matching score is below 0.3: {listed(extra)}; "
+                "keep only the heads above the threshold")
+    if missing and not extra:
+        return (f"you left out heads whose prefix-matching score is above 0.3: {listed(missing)}; "
+                "keep every head above the threshold")
+    return (f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3; "
+            f"yours score {listed(got_list) or 'nothing'})")
+
+
+@guarded
+def check_find_induction_heads(fn) -> bool:
+    """``find_induction_heads(model) -> list[(layer, head)]``, on five models, one of them with its
+    induction heads in layer 2 (so that looking only at layer 1 does not pass)."""
+    cases = [
+        Case("attn-only-2l", (shipped("attn-only-2l").model,)),
+        Case("attn-only-1l", (shipped("attn-only-1l").model,)),
+        Case("a hand-built induction model", (handbuilt.induction_model(),), kind="hand-built"),
+        Case("a random 2-layer model", (_two_layer(),), kind="random"),
+        Case("attn-only-2l with an empty layer inserted (its induction heads in layer 2)",
+             (_deeper(shipped("attn-only-2l").model),), kind="hand-built"),
+    ]
+    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads", time_limit=30)
+
+
+# ---- 6.4 zero and mean ablation -------------------------------------------------------------------
+def _ablated(model, tokens, head, mode):
+    if mode == "zero":
+        return losses.ablated_loss(model, tokens, head, "zero")
+    return losses.per_token_loss(model, tokens, **mean_ablation(model, tokens, head)).mean().item()
+
+
+@guarded
+def check_ablated_loss(fn) -> bool:
+    """``ablated_loss(model, tokens, head, mode) -> float`` with ``mode`` ``"zero"`` or ``"mean"``."""
+    m = shipped("attn-only-2l").model
+    toks = losses.repeated_tokens(m, 30, batch_size=2)
+    rnd = _two_layer()
+    rtoks = losses.repeated_tokens(rnd, 20, batch_size=2)
+    pairs = [(l, h) for l in range(2) for h in range(4)]
+    cases = [
+        Case("attn-only-2l, head (0, 1), zero ablation", a := (m, toks, (0, 1), "zero"), others=other_heads(a, 2, pairs)),
+        Case("attn-only-2l, head (1, 2), mean ablation", b := (m, toks, (1, 2), "mean"), others=other_heads(b, 2, pairs)),
+        Case("a random 2-layer model, head (0, 3), mean ablation", (rnd, rtoks, (0, 3), "mean"), kind="random"),
+    ]
+
+    def clean(e, c):
+        return losses.per_token_loss(c.args[0], c.args[1]).mean().item()
+
+    def other_mode(e, c):
+        m, t, h, mode = c.args
+        return _ablated(m, t, h, "mean" if mode == "zero" else "zero")
+
+    def increase(e, c):
+        return e - losses.per_token_loss(c.args[0], c.args[1]).mean().item()
+
+    def swapped(e, c):
+        m, t, h, mode = c.args
+        return _ablated(m, t, h[::-1], mode)
+
+    def per_position_mean(e, c):
+        m, t, h, mode = c.args
+        if mode != "mean":
+            return None
+        _, cache = m.run_with_cache(t)
+        mean = cache.head_out[h[0]][:, :, h[1]].mean(0)  # [pos, d_model]: still says where it is
+        return losses.per_token_loss(m, t, ablate={h: mean}).mean().item()
+
+    return run_check(
+        fn,
+        cases,
+        _ablated,
+        [
+            Diagnosis("that is the other ablation: mode='zero' zeroes the output, 'mean' puts its mean in", other_mode),
+            Diagnosis("return the ablated loss itself, not its increase over the clean loss", increase),
+            Diagnosis("that is the clean loss, with no ablation: pass ablate={(layer, head): value} to the model",
+                      clean),
+            Diagnosis("you ablated the head with layer and head swapped: a head is (layer, head)", swapped),
+            Diagnosis("you averaged over the batch only: average the output over positions too, to one [d_model] vector",
+                      per_position_mean),
+        ],
+        name="ablated_loss",
+        time_limit=30,
+        atol=1e-3,
+    )
+
+
+# ---- 6.5 the induction head's scores, by source ---------------------------------------------------
+def _causal(x: Tensor) -> Tensor:
+    n = x.shape[-1]
+    return x[..., torch.ones(n, n, dtype=torch.bool).tril()]
+
+
+@guarded
+def check_qk_score_terms(fn) -> bool:
+    """``qk_score_terms(model, tokens, head) -> Tensor [q_source, k_source, batch, q, k]`` with the
+    sources in the order embed, pos, 0.0, 0.1, ...; compared on the causal part only (the masked
+    entries may hold anything: the scores, 0, -inf or NaN)."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    ra = (rnd, losses.repeated_tokens(rnd, 10, batch_size=2), 1)
+    sa = (m2, losses.repeated_tokens(m2, 10, batch_size=2), 1)
+    cases = [
+        Case("a random 2-layer model, head 1.1", ra, kind="random", others=other_heads(ra, 2, 4, "head 1.{}")),
+        Case("attn-only-2l, head 1.1", sa, others=other_heads(sa, 2, 4, "head 1.{}")),
+    ]
+    return run_check(
+        fn,
+        cases,
+        qk_score_terms,
+        [
+            Diagnosis("the first axis is the query's source and the second the key's: yours are swapped",
+                      lambda e, c: e.transpose(0, 1)),
+            Diagnosis("divide each term by sqrt(d_head), as the model does",
+                      lambda e, c: e * math.sqrt(c.args[0].cfg.d_head)),
+        ],
+        name="qk_score_terms",
+        time_limit=30,
+        canonical=_causal,
+        atol=1e-3,
+        rtol=1e-3,
+    )
+
+
+# ---- 6.6 the induction heads' OV circuit: does it copy? -------------------------------------------
+@guarded
+def check_copying_accuracy(fn) -> bool:
+    """``copying_accuracy(model, heads) -> float``: top-1 "copies itself" of the summed OV circuit."""
+    m2, rnd = shipped("attn-only-2l").model, _two_layer()
+    cases = [
+        Case("a random 2-layer model, heads 1.0 and 1.2", (rnd, [(1, 0), (1, 2)]), kind="random"),
+        Case("attn-only-2l, heads 1.0, 1.1, 1.3", (m2, [(1, 0), (1, 1), (1, 3)])),
+    ]
+
+    def averaged(e, c):
+        m, heads = c.args
+        return sum(ov_copying_accuracy(m, [h]) for h in heads) / len(heads) if len(heads) > 1 else None
+
+    def first_only(e, c):
+        m, heads = c.args
+        return ov_copying_accuracy(m, heads[:1]) if len(heads) > 1 else None
+
+    def by_column(e, c):
+        m, heads = c.args
+        full = m.W_E @ sum(m.blocks[l].W_V[h] @ m.blocks[l].W_O[h] for l, h in heads) @ m.W_U
+        return float((full.argmax(0) == torch.arange(m.cfg.d_vocab)).float().mean())
+
+    return run_check(
+        fn,
+        cases,
+        ov_copying_accuracy,
+        [
+            Diagnosis("you averaged each head's accuracy: sum the heads' OV circuits first, then take the argmax",
+                      averaged),
+            Diagnosis("that is the first head's accuracy alone: sum the OV circuits of all the heads given",
+                      first_only),
+            Diagnosis("you took the argmax down each column: a row is one source token, take the argmax along it",
+                      by_column),
+        ],
+        name="copying_accuracy",
+        time_limit=30,
+        atol=1e-6,
+    )

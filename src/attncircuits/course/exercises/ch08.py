@@ -1,0 +1,255 @@
+"""Checks for chapter 8, circuits built by hand: the learner writes weights, the check puts them
+into an :class:`AttnOnlyTransformer` (:mod:`attncircuits.models.handbuilt` supplies the rest of the
+model) and runs it. Weights that implement a circuit are far from unique, so these checks judge
+what the model *does*: its previous-token score, whether it predicts the token two back, its
+prefix-matching score and its loss on repeated random tokens; and when it fails, they read the
+learner's matrices to say which block of the residual stream was read or written by mistake.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attncircuits.analysis import losses, scores
+from attncircuits.analysis.circuits import mean_attention_by_offset
+from attncircuits.analysis.scores import two_back_accuracy
+from attncircuits.course.exercises._core import Case, guarded, random_tokens, run_check
+from attncircuits.models import handbuilt
+from attncircuits.models.handbuilt import Layout
+
+__all__ = [
+    "PREFIX_TARGET",
+    "PREV_TARGET",
+    "check_copy_ov",
+    "check_induction_qk",
+    "check_previous_token_qk",
+    "check_two_back_model",
+]
+
+PREV_TARGET = 0.95  # previous-token score a hand-built previous-token head must reach
+PREFIX_TARGET = 0.95  # prefix-matching score a hand-built induction head must reach
+
+
+def _tokens(layout: Layout, batch: int = 8, seed: int = 0) -> Tensor:
+    return random_tokens(layout.d_vocab, (batch, layout.n_ctx), seed=seed)
+
+
+def _pair(out, what: str) -> tuple[Tensor, Tensor] | str:
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, Tensor) for x in out)):
+        return f"return the pair ({what}) as two tensors"
+    return out[0].float(), out[1].float()
+
+
+def _blocks_read(W: Tensor, layout: Layout) -> list[str]:
+    """The names of the residual blocks whose rows of ``W`` are not all zero."""
+    names = ["pos"] + list(handbuilt.BLOCKS)
+    sl = [layout.pos] + [layout.block(b) for b in handbuilt.BLOCKS]
+    return [n for n, s in zip(names, sl) if W[s].abs().max() > 1e-6]
+
+
+# ---- 8.1 a previous-token head from the sinusoids -------------------------------------------------
+def _prev_score(layout: Layout, W_Q: Tensor, W_K: Tensor) -> tuple[float, Tensor]:
+    """The previous-token score of a one-head model with these weights, and its attention by offset."""
+    model = handbuilt.empty_model(layout, 1)
+    handbuilt.set_head(model, 0, W_Q=W_Q, W_K=W_K)
+    toks = _tokens(layout)
+    _, cache = model.run_with_cache(toks)
+    score = float(scores.previous_token_scores(model, toks)[0, 0])
+    return score, mean_attention_by_offset(cache.pattern[0], max_offset=4)[0]
+
+
+def _scale_reaches(score_of, target: float) -> float | None:
+    """The smallest factor in 2, 4, ..., 1024 by which scaling W_Q reaches ``target``; None when
+    none does (then "scale up" would be wrong advice)."""
+    for c in (2.0**k for k in range(1, 11)):
+        if score_of(c) >= target:
+            return c
+    return None
+
+
+def _pairs_read(W: Tensor, layout: Layout) -> int:
+    """How many of the layout's sinusoid pairs ``W`` reads (rows not all zero)."""
+    rows = W[layout.pos].abs().amax(-1).view(-1, 2).amax(-1)
+    return int((rows > 1e-6).sum())
+
+
+def _compare_prev(got, expected, case) -> str | None:
+    layout: Layout = expected
+    pair = _pair(got, "W_Q, W_K")
+    if isinstance(pair, str):
+        return pair
+    W_Q, W_K = pair
+    try:
+        score = _prev_score(layout, W_Q, W_K)[0]
+    except ValueError as err:
+        return f"{err} (this case's layout has d_model {layout.d_model}: read the sizes from the arguments)"
+    if score >= PREV_TARGET:
+        return None
+    for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+        if float(W.abs().max()) == 0:
+            return f"{name} is all zeros: every score is 0 and the head attends uniformly"
+    if _prev_score(layout, -W_Q, W_K)[0] >= PREV_TARGET:
+        return (f"previous-token score {score:.2f}: the sign is flipped (-W_Q would work); the query and "
+                "the key of the previous position must point the same way")
+    n_q, n_k = _pairs_read(W_Q, layout), _pairs_read(W_K, layout)
+    if min(n_q, n_k) < layout.n_pos_pairs // 2:
+        return (f"previous-token score {score:.2f}: your weights read only {min(n_q, n_k)} of the "
+                f"{layout.n_pos_pairs} sinusoid pairs; one pair repeats with its period, so far positions "
+                "look like the previous one: use every pair")
+    c = _scale_reaches(lambda c: _prev_score(layout, c * W_Q, W_K)[0], PREV_TARGET)
+    if c is not None:  # scaling is advised only when it is verified to reach the target
+        return f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is right but too soft; scale W_Q up ({c:g}x is enough)"
+    peak = int(_prev_score(layout, 64 * W_Q, W_K)[1].argmax())  # where the head looks once sharp
+    if peak != 1:
+        where = "the token itself" if peak == 0 else f"{peak} tokens back"
+        return (
+            f"previous-token score {score:.2f}: the head looks mostly at {where}. Rotate the query's "
+            "(sin, cos) pairs back by one position's angle, w, leave the key as it is"
+        )
+    return (f"previous-token score {score:.2f} < {PREV_TARGET}: the peak is at the previous token, but even "
+            "1024 times W_Q does not make it sharp: other positions score almost as high")
+
+
+@guarded
+def check_previous_token_qk(fn) -> bool:
+    """``previous_token_qk(W_pos, n_pairs, d_head) -> (W_Q, W_K)``, each ``[d_model, d_head]``:
+    judged by the previous-token score (>= 0.95) of a one-head model that uses them, on the
+    chapter's layout and on a smaller one (so that sizes read from the chapter do not pass)."""
+    cases = []
+    for label, layout in (("the chapter's layout: 16 sinusoid pairs, d_head 128", Layout()),
+                          ("a layout with 64 tokens and 12 sinusoid pairs", Layout(d_vocab=64, n_pos_pairs=12))):
+        W_pos = handbuilt.empty_model(layout, 1).W_pos
+        cases.append(Case(label, (W_pos, layout.n_pos_pairs, layout.d_head), kind="hand-built", expected=layout))
+    return run_check(fn, cases, compare=_compare_prev, name="previous_token_qk")
+
+
+# ---- 8.2 a head that copies one block into another ------------------------------------------------
+def _product(out):
+    pair = _pair(out, "W_V, W_O")
+    return pair if isinstance(pair, str) else pair[0] @ pair[1]
+
+
+def _compare_copy(got, expected, case) -> str | None:
+    ov = _product(got)
+    if isinstance(ov, str):
+        return ov
+    want = expected[0] @ expected[1]
+    if ov.shape != want.shape:
+        return f"W_V @ W_O has shape {list(ov.shape)}, expected {list(want.shape)} ([d_model, d_model])"
+    if torch.allclose(ov, want, atol=1e-5):
+        return None
+    if float(ov.abs().max()) == 0:
+        return "W_V @ W_O is all zeros: nothing is copied; it must be the identity from the source block to the destination"
+    if torch.allclose(ov, want.T, atol=1e-5):
+        return "W_V @ W_O copies dst into src: W_V reads the source block, W_O writes the destination"
+    c = float((ov * want).sum() / (want * want).sum())
+    if abs(c - 1) > 1e-3 and torch.allclose(ov, c * want, atol=1e-5):
+        return f"W_V @ W_O is {c:.3g} times the copy: make it the identity between the two blocks"
+    return "W_V @ W_O must be the identity from the source block to the destination block and zero elsewhere"
+
+
+@guarded
+def check_copy_ov(fn) -> bool:
+    """``copy_ov(d_model, d_head, src, dst) -> (W_V, W_O)``: judged by ``W_V @ W_O`` (the factors
+    are unique only up to a change of basis inside the head)."""
+    layout = Layout()
+    cases = [
+        Case("token -> prev", (layout.d_model, layout.d_head, layout.block("token"), layout.block("prev")), kind="hand-built"),
+        Case("prev -> out", (layout.d_model, layout.d_head, layout.block("prev"), layout.block("out")), kind="hand-built"),
+        Case("a small stream: dims 2-5 -> 8-11", (12, 4, slice(2, 6), slice(8, 12)), kind="hand-built"),
+    ]
+    return run_check(fn, cases, handbuilt.copy_ov, compare=_compare_copy, name="copy_ov")
+
+
+# ---- 8.3 the virtual head that looks two tokens back ----------------------------------------------
+def _compare_two_back(got, expected, case) -> str | None:
+    if not hasattr(got, "blocks") or not callable(got):
+        return f"return the model (an AttnOnlyTransformer), got a {type(got).__name__}"
+    if got.cfg.n_layers != 2:
+        return f"the virtual head needs two layers, your model has {got.cfg.n_layers}"
+    layout: Layout = case.args[0]
+    for field in ("d_vocab", "n_ctx", "d_model"):
+        mine, want = getattr(got.cfg, field, None), getattr(layout.config(2), field)
+        if mine != want:
+            return (f"your model's {field} is {mine}, this case's layout has {want}: build the model from the "
+                    "layout passed in (hb.empty_model(layout, 2)), not from the chapter's")
+    toks = _tokens(layout)
+    acc = {k: two_back_accuracy(got, toks, k) for k in (1, 2)}
+    if acc[2] >= 0.99:
+        return None
+    if acc[1] > 0.5:
+        return (
+            f"your model predicts the token one back ({acc[1]:.0%}), not two back: the layer-1 head "
+            "must read the prev block, which the layer-0 head wrote"
+        )
+    same = float((got(toks).argmax(-1) == toks).float().mean())
+    if same > 0.5:
+        return "your model predicts the current token: each head must copy the token of the position it attends to"
+    return f"the token two back is the top prediction at only {acc[2]:.0%} of positions (need 99%)"
+
+
+@guarded
+def check_two_back_model(fn) -> bool:
+    """``build_two_back(layout) -> AttnOnlyTransformer``: the top prediction at position ``i``
+    must be the token at ``i - 2`` (>= 99% of positions, random tokens)."""
+    cases = [
+        Case("the chapter's layout", (Layout(),), kind="hand-built", expected=1.0),
+        Case("a layout with 64 tokens and 12 pairs", (Layout(d_vocab=64, n_pos_pairs=12),), kind="hand-built", expected=1.0),
+    ]
+    return run_check(fn, cases, compare=_compare_two_back, name="build_two_back")
+
+
+# ---- 8.4 the induction head's QK circuit (K-composition) ------------------------------------------
+def _compare_induction(got, expected, case) -> str | None:
+    layout: Layout = case.args[0]
+    pair = _pair(got, "W_Q, W_K")
+    if isinstance(pair, str):
+        return pair
+    model = handbuilt.induction_model(layout)
+    try:
+        handbuilt.set_head(model, 1, W_Q=pair[0], W_K=pair[1])
+    except ValueError as err:
+        return f"{err} (this case's layout has d_model {layout.d_model}: read the sizes from the layout passed in)"
+    pm = float(scores.prefix_matching_scores(model, batch_size=8)[1, 0])
+    loss = losses.repeated_token_loss(model, batch_size=8)
+    if pm >= PREFIX_TARGET and loss.second < 0.5 * loss.first:
+        return None
+
+    def pm_with(W_Q):
+        m = handbuilt.induction_model(layout)
+        handbuilt.set_head(m, 1, W_Q=W_Q, W_K=pair[1])
+        return float(scores.prefix_matching_scores(m, batch_size=8)[1, 0])
+
+    for name, W in (("W_Q", pair[0]), ("W_K", pair[1])):
+        if float(W.abs().max()) == 0:
+            return f"{name} is all zeros: every score is 0 and the head attends uniformly"
+    if pm_with(-pair[0]) >= PREFIX_TARGET:
+        return (f"prefix-matching score {pm:.2f}: the sign is flipped (-W_Q would work), so the head "
+                "avoids the token after an earlier copy instead of seeking it")
+    q_reads, k_reads = _blocks_read(pair[0], layout), _blocks_read(pair[1], layout)
+    if "prev" in q_reads and "token" not in q_reads:
+        return "W_Q reads the prev block: the query asks about the current token (token block)"
+    if "token" in k_reads and "prev" not in k_reads:
+        return (
+            "W_K reads the token block: that finds earlier copies of the current token, not the token "
+            "after them. The key must read the prev block (K-composition)"
+        )
+    if "token" in q_reads and "prev" in k_reads:
+        c = _scale_reaches(lambda c: pm_with(c * pair[0]), PREFIX_TARGET)
+        if c is not None:
+            return f"prefix-matching score {pm:.2f} < {PREFIX_TARGET}: the right keys win but too softly; scale W_Q up ({c:g}x is enough)"
+        return (f"prefix-matching score {pm:.2f}: W_Q reads the token block and W_K the prev block, but no scale "
+                "makes the right key win: match each token with itself (the identity between the two blocks)")
+    return f"prefix-matching score {pm:.2f} (need {PREFIX_TARGET}); W_Q reads {q_reads}, W_K reads {k_reads}"
+
+
+@guarded
+def check_induction_qk(fn) -> bool:
+    """``induction_qk(layout) -> (W_Q, W_K)`` of the layer-1 head, each ``[d_model, d_head]``:
+    judged by the prefix-matching score (>= 0.95) and the loss on repeated random tokens of the
+    induction model that uses them, on the chapter's layout and on a smaller one."""
+    cases = [Case("the chapter's layout", (Layout(),), kind="hand-built", expected=PREFIX_TARGET),
+             Case("a layout with 64 tokens and 12 sinusoid pairs", (Layout(d_vocab=64, n_pos_pairs=12),),
+                  kind="hand-built", expected=PREFIX_TARGET)]
+    return run_check(fn, cases, compare=_compare_induction, name="induction_qk", time_limit=30)

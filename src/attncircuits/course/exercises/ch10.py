@@ -1,0 +1,188 @@
+"""Checks for chapter 10 (Beyond attention-only): fold a LayerNorm into the weights that read it,
+split a residual stream through a LayerNorm with its scale frozen, and measure a bump in a loss
+curve.
+
+Each check runs the learner's function on the shipped ``ln-mlp-4l`` model's weights, activations or
+history and on small random or hand-written inputs, against the references in
+:mod:`attncircuits.analysis.deeper`, and prints one line.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from attncircuits.analysis.deeper import fold_ln_into, folded, frozen_ln, loss_bump
+from attncircuits.course.exercises._core import Case, Diagnosis, guarded, random_tokens, run_check, shipped
+
+__all__ = ["check_fold_ln_into", "check_frozen_ln", "check_loss_bump"]
+
+
+def _random_ln_case(seed: int, d_model: int, n_heads: int, d_head: int) -> tuple:
+    gen = torch.Generator().manual_seed(seed)
+    return (1 + torch.rand(d_model, generator=gen), torch.randn(d_model, generator=gen),
+            torch.randn(n_heads, d_model, d_head, generator=gen), torch.randn(n_heads, d_head, generator=gen))
+
+
+@guarded
+def check_fold_ln_into(fn) -> bool:
+    """Exercise 10.1: ``fn(w_ln, b_ln, W, b) -> (W_folded, b_folded)``."""
+    model = shipped("ln-mlp-4l").model
+    block = model.blocks[1]
+    cases = [
+        Case("ln-mlp-4l, layer 1's LayerNorm into W_K",
+             tuple(t.detach().clone() for t in (block.ln1.w, block.ln1.b, block.attn.W_K, block.attn.b_K))),
+        Case("random gain and bias, 3 heads of 5", _random_ln_case(1, 12, 3, 5), kind="random"),
+    ]
+
+    def not_centred(expected, case):
+        w, _, W, _ = case.args
+        return w[:, None] * W, expected[1]
+
+    def scaled_bias(expected, case):
+        w, b_ln, W, b = case.args
+        return expected[0], b + torch.einsum("d,...de->...e", b_ln * w, W)
+
+    def bias_kept(expected, case):
+        return expected[0], case.args[3]
+
+    def centred_over_out(expected, case):
+        w, _, W, _ = case.args
+        F = w[:, None] * W
+        return F - F.mean(-1, keepdim=True), expected[1]
+
+    def gain_dropped(expected, case):
+        W = case.args[2]
+        return W - W.mean(-2, keepdim=True), expected[1]
+
+    return run_check(
+        fn,
+        cases,
+        reference=fold_ln_into,
+        diagnoses=[
+            Diagnosis("the weight is not centred: subtract its mean over d_model (axis -2); LayerNorm's "
+                      "output has mean zero, so that direction is never read", not_centred),
+            Diagnosis("the LayerNorm bias is added after the gain, so it meets W unscaled: use b_ln @ W, "
+                      "not (w_ln * b_ln) @ W", scaled_bias),
+            Diagnosis("the LayerNorm bias is not folded: b_ln @ W adds to the bias", bias_kept),
+            Diagnosis("the gain is missing: scale row i of W (the d_model axis) by w_ln[i]", gain_dropped),
+            Diagnosis("centred over the wrong axis: subtract the mean over d_model (axis -2), the "
+                      "direction LayerNorm's output never has; not over d_out", centred_over_out),
+        ],
+        atol=1e-5,
+        rtol=1e-4,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_stack() -> tuple[torch.Tensor, torch.Tensor]:
+    """The final residual stream of ``ln-mlp-4l`` on 2 rows of random tokens, split by writer."""
+    fm = folded(shipped("ln-mlp-4l").model)
+    with torch.no_grad():
+        _, cache = fm.run_with_cache(random_tokens(fm.cfg.d_vocab, (2, 12)))
+        stack = cache.decompose_resid(layer=-1, return_labels=False)
+    return stack, cache["resid_post", fm.cfg.n_layers - 1]
+
+
+@guarded
+def check_frozen_ln(fn) -> bool:
+    """Exercise 10.2: ``fn(components, resid) -> [comp, ..., d_model]``."""
+    gen = torch.Generator().manual_seed(4)
+    parts = torch.randn(5, 3, 7, 16, generator=gen) + torch.randn(5, 1, 1, 16, generator=gen)
+    cases = [
+        Case("ln-mlp-4l's final residual stream, split by writer", _shipped_stack()),
+        Case("5 random components of a [3, 7, 16] stream", (parts, parts.sum(0)), kind="random"),
+    ]
+
+    def own_scale(expected, case):
+        comps, _ = case.args
+        c = comps - comps.mean(-1, keepdim=True)
+        return c / (c.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+
+    def not_centred(expected, case):
+        comps, resid = case.args
+        r = resid - resid.mean(-1, keepdim=True)
+        return comps / (r.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+
+    def unbiased(expected, case):
+        comps, resid = case.args
+        return (comps - comps.mean(-1, keepdim=True)) / (resid.var(-1, keepdim=True) + 1e-5).sqrt()
+
+    def no_division(expected, case):
+        comps, _ = case.args
+        return comps - comps.mean(-1, keepdim=True)
+
+    return run_check(
+        fn,
+        cases,
+        reference=frozen_ln,
+        diagnoses=[
+            Diagnosis("each component is divided by its own scale; freeze the scale: divide every "
+                      "component by the one scale of the whole residual stream, so they still sum "
+                      "to LN(resid)", own_scale),
+            Diagnosis("the components are not centred: subtract each one's mean over d_model first",
+                      not_centred),
+            Diagnosis("that is the unbiased variance (divided by d_model - 1); LayerNorm divides by "
+                      "d_model (unbiased=False)", unbiased),
+            Diagnosis("the components are centred but not divided by the residual stream's scale",
+                      no_division),
+        ],
+        atol=1e-5,
+        rtol=1e-4,
+    )
+
+
+@guarded
+def check_loss_bump(fn) -> bool:
+    """Exercise 10.3: ``fn(values) -> float``, the largest rise above the lowest value so far."""
+    history = shipped("ln-mlp-4l").history
+    cases = [
+        Case("ln-mlp-4l's validation loss", (list(history["val_loss"]),)),
+        Case("a slow rise over three evaluations", ([5.0, 4.0, 4.1, 4.2, 4.25, 3.0],), kind="hand-built"),
+        Case("two bumps, the later one larger", ([5.0, 3.0, 3.2, 2.0, 2.6, 1.0],), kind="hand-built"),
+        Case("a curve that only falls", ([5.0, 4.0, 3.0, 2.5],), kind="hand-built"),
+        Case("a curve with a missing evaluation (None)", ([4.0, None, 4.5, 3.0],), kind="hand-built"),
+    ]
+
+    def _vals(case):
+        return [v for v in case.args[0] if v is not None]
+
+    def one_step(expected, case):
+        v = _vals(case)
+        return max([0.0] + [b - a for a, b in zip(v, v[1:])])
+
+    def none_as_zero(expected, case):
+        return loss_bump([0.0 if v is None else v for v in case.args[0]])
+
+    def max_minus_min(expected, case):
+        v = _vals(case)
+        return max(v) - min(v)
+
+    def first_bump(expected, case):
+        v = _vals(case)  # the top of the first rise above the lowest value before it
+        for j in range(1, len(v)):
+            if v[j] > min(v[:j]):
+                top = j
+                while top + 1 < len(v) and v[top + 1] >= v[top]:
+                    top += 1
+                return v[top] - min(v[:j])
+        return 0.0
+
+    return run_check(
+        fn,
+        cases,
+        reference=loss_bump,
+        diagnoses=[
+            Diagnosis("that is the largest rise between two consecutive evaluations; a bump can "
+                      "climb over several: measure from the lowest value so far", one_step),
+            Diagnosis("that is the curve's maximum minus its minimum, which ignores order (the "
+                      "first value, before any learning, is the maximum): a bump is a rise after "
+                      "a fall", max_minus_min),
+            Diagnosis("that is the first bump only; keep going: the largest rise above the lowest "
+                      "value so far", first_bump),
+            Diagnosis("a missing evaluation (None) was read as a loss of 0: leave it out", none_as_zero),
+        ],
+        atol=1e-7,
+        rtol=1e-6,  # a float32 answer holds the bump to about 1e-7
+    )

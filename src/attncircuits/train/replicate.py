@@ -1,0 +1,253 @@
+"""Replicates: is a circuit a property of the recipe, or of one training run?
+
+``make replicate SEED=n`` (``python -m attncircuits.train.replicate --seed n``) trains the three shipped
+presets with seed ``n`` into ``replicates/seed-n/`` (each resumable: rerun the same command after
+Ctrl-C, a crash or a reboot and finished models are kept, an interrupted one continues with the
+training CLI's ``--resume``), runs every chapter against them under nbval with
+``ATTNCIRCUITS_MODELS`` set (a failing cell is counted, the run goes on), and writes
+``replicates/seed-n/results.json``: the chapters' cell and claim counts and
+:func:`headline_numbers`, the numbers the book's findings rest on, measured the same way on every
+set. Progress goes to stdout and stderr line by line, so ``nohup make replicate SEED=2 &`` leaves a
+readable ``nohup.out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+from attncircuits.analysis.circuits import composition_scores, copying_summary
+from attncircuits.analysis.losses import icl_scores_per_row, per_token_loss, repeated_token_loss
+from attncircuits.analysis.scores import head_scores
+from attncircuits.checkpoints import modelset
+from attncircuits.checkpoints.pretrained import is_checkpoint_dir, load_checkpoint, validation_windows
+from attncircuits.core.heads import head_name
+from attncircuits.models.attn_only import loss_fn
+from attncircuits.train.sets import ONE_EACH, default_lanes, train_set
+
+#: a layer-1 head is an induction head when its prefix-matching score is above this (the reproduces page's)
+INDUCTION_THRESHOLD = 0.3
+#: a one-layer head copies when its OV eigenvalue share Σλ/Σ|λ| is above this and above every shuffle
+COPYING_THRESHOLD = 0.5
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _r(x: float, nd: int = 4) -> float:
+    return round(float(x), nd)
+
+
+@torch.no_grad()
+def model_numbers(model, windows: torch.Tensor) -> dict:
+    """The headline numbers of one model on ``windows`` (every validation window of its context)."""
+    n_ctx, H = model.cfg.n_ctx, model.cfg.n_heads
+    # the 128 windows spread over the split that chapter 1 and the reproduces page measure on
+    eval_batch = windows[torch.linspace(0, len(windows) - 1, min(128, len(windows))).long()]
+    out = {"val_loss": _r(loss_fn(model(eval_batch), eval_batch).item())}
+    text = windows[:: max(1, len(windows) // 1024)][:1024]
+    rows = icl_scores_per_row(per_token_loss(model, text), n_ctx)
+    out["icl_score"], out["icl_se"] = _r(rows.mean()), _r(rows.std() / math.sqrt(len(rows)))
+    if model.cfg.n_layers == 0:
+        return out
+    hs = head_scores(model, windows[:: max(1, len(windows) // 32)][:32])
+    prev = hs.best("previous_token", layer=0)
+    out["prev_token_head"], out["prev_token_score"] = head_name(*prev), _r(hs.previous_token[prev])
+    last = model.cfg.n_layers - 1
+    pm = hs.prefix_matching
+    out["prefix_matching_max_per_layer"] = [_r(pm[layer].max()) for layer in range(model.cfg.n_layers)]
+    out["induction_heads"] = {head_name(last, h): _r(pm[last, h]) for h in range(H)
+                              if pm[last, h] > INDUCTION_THRESHOLD} if last > 0 else {}
+    rl = repeated_token_loss(model)
+    out["repeated_loss_first"], out["repeated_loss_second"] = _r(rl.first), _r(rl.second)
+    if model.cfg.n_layers == 1:
+        cs = copying_summary(model, 0)
+        copying = (cs.eigen_score > COPYING_THRESHOLD) & (cs.eigen_score > cs.shuffled_max)
+        out["copying_heads"] = int(copying.sum())
+        out["copying_eigen_share"] = {head_name(0, h): _r(cs.eigen_score[h]) for h in range(H)}
+    if model.cfg.n_layers >= 2:
+        comp = composition_scores(model)
+        (w, r, score) = comp.top("k", 1)[0]
+        k_writer = int(comp.excess("k").clamp_min(0).sum(1).argmax())
+        out["top_k_composition"] = {"writer": head_name(*w), "reader": head_name(*r), "score": _r(score),
+                                    "z": _r((score - comp.baseline.mean("k")) / comp.baseline.std("k"), 2)}
+        out["k_writer"] = head_name(0, k_writer)
+        out["k_writer_is_prev_token_head"] = k_writer == prev[1]
+    return out
+
+
+def headline_numbers(models_dir: str | Path, names=modelset.SET_MODEL_NAMES) -> dict:
+    """:func:`model_numbers` of each model of the set in ``models_dir`` that is trained (a set may be
+    incomplete), all on the validation windows of the set's corpus (the shipped corpus for a set
+    trained on it: then every seed is measured on the same windows, as the training histories are)."""
+    models_dir = Path(models_dir)
+    present = [n for n in names if is_checkpoint_dir(models_dir / n)]
+    if not present:
+        raise FileNotFoundError(f"{models_dir} holds none of {', '.join(names)}; train them with "
+                                "`make replicate SEED=n` or `python -m attncircuits.train --out ...`")
+    out = {"induction_threshold": INDUCTION_THRESHOLD, "copying_threshold": COPYING_THRESHOLD, "models": {}}
+    for name in present:
+        ck = load_checkpoint(models_dir / name)
+        corpus, _ = modelset.corpus_dir_of(models_dir, modelset.tokenizer_sha(models_dir / name))
+        windows = validation_windows(n_ctx=ck.model.cfg.n_ctx, directory=corpus)
+        train = ck.config.get("train", {})
+        out["models"][name] = {"seed": train.get("seed"), "steps": train.get("steps"),
+                               **model_numbers(ck.model, windows)}
+    return out
+
+
+# ---- the runs side by side (the reproduces page) -------------------------------------------------
+def committed_results(root: str | Path | None = None) -> dict[str, dict]:
+    """``{"seed n": models}`` from every ``replicates/seed-n/results.json`` (committed; the book reads
+    them and does not retrain), by seed."""
+    root = Path(root) if root is not None else REPO / "replicates"
+    found = []
+    for path in root.glob("seed-*/results.json"):
+        data = json.loads(path.read_text())
+        found.append((int(data["seed"]), data["models"]))
+    return {f"seed {seed}": models for seed, models in sorted(found)}
+
+
+def runs_to_compare(root: str | Path | None = None) -> dict[str, dict]:
+    """The models in use (measured now: the shipped ones, or the set ``ATTNCIRCUITS_MODELS`` names)
+    beside every committed replicate (:func:`committed_results`), a replicate in use shown once."""
+    here = modelset.current_dir()
+    label = "shipped" if here is None else f"in use: {here.name}"
+    runs = {label: headline_numbers(here or modelset.SHIPPED_DIR)["models"]}
+    seed = None
+    if here is not None and (here / modelset.SET_FILE).is_file():
+        seed = json.loads((here / modelset.SET_FILE).read_text()).get("seed")
+    runs.update({k: v for k, v in committed_results(root).items() if k != f"seed {seed}"})
+    return runs
+
+
+def _fmt_heads(heads) -> str:
+    return ", ".join(sorted(heads)) or "none"
+
+
+#: (finding, model, how to read it off the model's numbers, "number" or "label")
+ACROSS_RUNS = [
+    ("validation loss, 0 layers", "attn-only-0l", lambda m: m["val_loss"], "number"),
+    ("validation loss, 1 layer", "attn-only-1l", lambda m: m["val_loss"], "number"),
+    ("validation loss, 2 layers", "attn-only-2l", lambda m: m["val_loss"], "number"),
+    ("1L: copying heads (of 4)", "attn-only-1l", lambda m: m["copying_heads"], "label"),
+    ("2L: previous-token head", "attn-only-2l", lambda m: m["prev_token_head"], "label"),
+    ("2L: its previous-token score", "attn-only-2l", lambda m: m["prev_token_score"], "number"),
+    ("2L: induction heads (prefix matching > 0.3)", "attn-only-2l", lambda m: _fmt_heads(m["induction_heads"]),
+     "label"),
+    ("2L: how many", "attn-only-2l", lambda m: len(m["induction_heads"]), "label"),
+    ("2L: best prefix-matching score", "attn-only-2l", lambda m: m["prefix_matching_max_per_layer"][-1], "number"),
+    ("2L: loss on the second copy of random tokens", "attn-only-2l", lambda m: m["repeated_loss_second"], "number"),
+    ("2L: ICL score, token 125 - token 12 (nats)", "attn-only-2l", lambda m: m["icl_score"], "number"),
+    ("2L: strongest K-composition", "attn-only-2l",
+     lambda m: f"{m['top_k_composition']['writer']} → {m['top_k_composition']['reader']}", "label"),
+    ("2L: its score above random (std)", "attn-only-2l", lambda m: m["top_k_composition"]["z"], "number"),
+    ("2L: the K-writer is the previous-token head", "attn-only-2l",
+     lambda m: "yes" if m["k_writer_is_prev_token_head"] else "no", "label"),
+]
+
+
+def across_runs(runs: dict[str, dict]) -> list[tuple]:
+    """One row per finding of :data:`ACROSS_RUNS`: ``(finding, value in each run..., spread)``; the
+    spread is max - min of a number, or whether the runs agree on a label. A
+    model a run has not trained yet shows as "-" and is left out of the spread."""
+    rows = []
+    for finding, model, read, kind in ACROSS_RUNS:
+        values = [read(models[model]) if model in models else None for models in runs.values()]
+        have = [v for v in values if v is not None]
+        if kind == "number":
+            cells = [f"{v:.3g}" if v is not None else "-" for v in values]
+            spread = f"{max(have) - min(have):.2g}" if len(have) > 1 else "-"
+        else:
+            cells = [str(v) if v is not None else "-" for v in values]
+            n = len(set(have))
+            spread = "-" if len(have) < 2 else f"same in all {len(have)}" if n == 1 else f"{n} different"
+        rows.append((finding, *cells, spread))
+    return rows
+
+
+# ---- the chapters under nbval --------------------------------------------------------------------
+def chapter_paths() -> list[Path]:
+    return sorted((REPO / "notebooks").glob("[0-9]*.ipynb")) + [REPO / "book" / "reproduces.ipynb"]
+
+
+def run_chapters(models_dir: Path, paths: list[Path] | None = None, timeout: int = 1800) -> dict:
+    """Run each chapter under nbval with ``ATTNCIRCUITS_MODELS=models_dir``; per chapter the cells that
+    passed and failed (by nbval's cell names) and the claims (``attncircuits.course.claims``) held and not."""
+    env = {**os.environ, modelset.ENV: str(models_dir.resolve())}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = {}
+    logs = models_dir / "chapter-runs"
+    logs.mkdir(exist_ok=True)
+    for nb in paths or chapter_paths():
+        junit, claims = logs / f"{nb.stem}.xml", logs / f"{nb.stem}.claims.jsonl"
+        claims.unlink(missing_ok=True)
+        t = time.time()
+        print(f"replicate: running {nb.relative_to(REPO)} on {models_dir} ...", flush=True)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.notebook_pages", "--nbval-lax",
+               f"--junitxml={junit}", str(nb.relative_to(REPO))]
+        try:
+            subprocess.run(cmd, cwd=REPO, env={**env, "ATTNCIRCUITS_CLAIMS_LOG": str(claims)},
+                           stdout=subprocess.DEVNULL, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"replicate: {nb.name} ran past {timeout} s and was stopped", flush=True)
+        out[nb.stem] = {**_junit_counts(junit), **_claim_counts(claims), "seconds": round(time.time() - t)}
+        c = out[nb.stem]
+        print(f"replicate: {nb.name}: {c['cells_passed']} of {c['cells']} cells passed; "
+              f"{c['claims_held']} of {c['claims']} claims held", flush=True)
+    return out
+
+
+def _junit_counts(path: Path) -> dict:
+    if not path.is_file():
+        return {"cells": 0, "cells_passed": 0, "failed_cells": ["(no result: the run did not finish)"]}
+    cases = ET.parse(path).getroot().iter("testcase")
+    failed, n = [], 0
+    for case in cases:
+        n += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(case.get("name"))
+    return {"cells": n, "cells_passed": n - len(failed), "failed_cells": failed}
+
+
+def _claim_counts(path: Path) -> dict:
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {"claims": len(rows), "claims_held": sum(r["held"] for r in rows),
+            "claims_not_held": [f"{r['text']} (measured: {r['measured']})" for r in rows if not r["held"]]}
+
+
+# ---- make replicate ------------------------------------------------------------------------------
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m attncircuits.train.replicate", description=__doc__.split("\n\n")[1])
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--out", type=Path, help="the set's folder (default: replicates/seed-<seed>)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads for training (default 1)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="train the models one after the other in this process (default: side by side on 2+ cores)")
+    p.add_argument("--no-chapters", action="store_true", help="train and measure only; do not run the chapters")
+    args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed must be a whole number >= 0 (got {args.seed})")
+    out = Path(os.path.abspath(args.out or REPO / "replicates" / f"seed-{args.seed}"))
+    out.mkdir(parents=True, exist_ok=True)
+    command = f"make replicate SEED={args.seed}" + (f" OUT={args.out}" if args.out else "")
+    (out / modelset.SET_FILE).write_text(json.dumps({"kind": "replicate", "seed": args.seed, "command": command}) + "\n")
+    train_set(out, {n: ["--preset", n, "--seed", str(args.seed)] for n in modelset.SET_MODEL_NAMES}, args.threads,
+              lanes=None if args.one_at_a_time else default_lanes(ONE_EACH))
+    results = {"seed": args.seed, "command": command, **headline_numbers(out)}
+    if not args.no_chapters:
+        results["chapters"] = run_chapters(out)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"replicate: wrote {out / 'results.json'}; read the chapters on this set with\n"
+          f"export {modelset.ENV}={out}")
+
+
+if __name__ == "__main__":
+    main()
