@@ -749,9 +749,6 @@ right(C, "a loop", lambda tl: torch.stack([torch.stack([(lambda e: e.sum().real 
     (tl.W_E @ tl.OV[l, h] @ tl.W_U).eigenvalues) for h in range(tl.cfg.n_heads)]) for l in range(tl.cfg.n_layers)]))
 
 
-exercise_table_edges.add(wrong, right, lambda name: _sol(name))
-
-
 # ---- running the table ------------------------------------------------------------------------------
 def _check(name):
     import importlib
@@ -819,6 +816,8 @@ wrong(C, "None as 0", lambda v: solutions()["loss_bump"]([x if x is not None els
 right(C, "a running minimum with itertools", lambda v: float(max(
     [0.0] + [x - m for x, m in zip([x for x in v if x is not None], __import__("itertools").accumulate(
         [x for x in v if x is not None], min))])))
+
+exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 
 
 def outcome(row: Row) -> tuple[str, str]:

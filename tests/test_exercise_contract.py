@@ -47,7 +47,8 @@ def test_every_identity_holds_on_every_case(capsys):
     for row in reference_rows():
         assert outcome(row)[0] == "ok", row.check
     stated = [(name, cases, ids) for name, (cases, ids) in _core.CASES_RUN.items() if ids]
-    assert any(name == "frozen_ln" for name, _, _ in stated)
+    assert {name for name, _, _ in stated} >= {"ch10.check_frozen_ln"}
+    assert {r.check for r in reference_rows()} <= set(_core.CASES_RUN), "a check's cases were not recorded"
     for name, cases, ids in stated:
         for case in cases:
             for identity in ids:
@@ -80,4 +81,5 @@ def test_a_changed_input_a_wrong_type_and_an_identity_are_the_machinerys():
         assert words in " ".join(buf.getvalue().split()), buf.getvalue()
     gen = run_check(lambda x: float(x.sum()), cases, ref, name="g", returns=float,
                     generate=lambda d: (d.randn(d.int(1, 4)),), identities=[Identity("finite", lambda x: True)])
-    assert gen is True and len(_core.CASES_RUN["g"][0]) == 1 + _core.N_GENERATED
+    cases_run = _core.CASES_RUN["test_exercise_contract.test_a_changed_input_a_wrong_type_and_an_identity_are_the_machinerys"]
+    assert gen is True and len(cases_run[0]) == 1 + _core.N_GENERATED

@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ DEFAULT_TIME_LIMIT = 30.0  # seconds for all of a check's calls: only a runaway 
 MIN_CALL_LIMIT = 5.0  # seconds one call may always take, however fast the reference
 CALL_FACTOR = 100  # ... and this many times the reference's time on the same case
 N_GENERATED = 24  # generated cases per check, when it has a generator
-CASES_RUN: dict[str, tuple[list, tuple]] = {}  # check name -> (its last cases, its identities), for the tests
+CASES_RUN: dict[str, tuple[list, tuple]] = {}  # "ch10.check_frozen_ln" -> (its last cases, identities), for tests
 
 
 @dataclass
@@ -235,9 +236,11 @@ def run_check(
     methods share on one input is told apart on another). See the module docstring for the rest.
     """
     name = name or getattr(fn, "__name__", "your function")
+    caller = sys._getframe(1)  # the chapter's check, whose cases CASES_RUN keeps
+    key = f"{caller.f_globals.get('__name__', '').rsplit('.', 1)[-1]}.{caller.f_code.co_name}"
     settings = dict(atol=atol, rtol=rtol, canonical=canonical, compare=compare, time_limit=time_limit,
                     slow_hint=slow_hint, method=method, returns=returns, outputs=outputs)
-    return _safely(fn, lambda: _judge_all(fn, name, cases, reference, diagnoses, settings, generate,
+    return _safely(fn, lambda: _judge_all(fn, name, key, cases, reference, diagnoses, settings, generate,
                                           N_GENERATED if n_generated is None else n_generated, identities))
 
 
@@ -250,15 +253,15 @@ def _generated(name: str, generate, n: int, names: list[str]) -> list[Case]:
     return out
 
 
-def _judge_all(fn, name, cases, reference, diagnoses, s, generate, n_generated, identities) -> bool:
+def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_generated, identities) -> bool:
     try:
         if not callable(fn):
             raise _Stop(f"expected a function, got {_describe_type(fn)}; pass the function itself, without calling it")
         cases = list(cases)
         names = arg_names(reference or fn, max([len(c.args) for c in cases] + [0]))
         if generate is not None:
-            cases += _generated(name, generate, n_generated, names)
-        CASES_RUN[name] = (cases, tuple(identities))
+            cases += _generated(key, generate, n_generated, names)
+        CASES_RUN[key] = (cases, tuple(identities))
         deadline = time.perf_counter() + s["time_limit"]
         passed: list[Case] = []
         failed: tuple | None = None  # (case, message, candidate diagnoses)
