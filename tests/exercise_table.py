@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+import exercise_table_edges
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ["01_attention_only_transformer", "02_zero_layer", "03_one_layer_circuits", "04_skip_trigrams",
             "05_two_layer_composition", "06_induction_heads", "07_why_two_layers", "08_build_circuits_by_hand",
@@ -55,6 +57,7 @@ class Row:
     fn: Callable
     expect: str  # "pass", "named" or "symptom"
     words: str = ""  # what the message must contain (for a wrong answer)
+    avoid: str = ""  # words it must not contain (a guess at a mistake this answer did not make)
 
 
 def _sol(name):
@@ -130,8 +133,8 @@ def in_float64(name):
 ROWS: list[Row] = []
 
 
-def wrong(check, label, fn, words, cls="symptom"):
-    ROWS.append(Row(check, label, fn, cls, words))
+def wrong(check, label, fn, words, cls="symptom", avoid=""):
+    ROWS.append(Row(check, label, fn, cls, words, avoid))
 
 
 def right(check, label, fn):
@@ -342,7 +345,9 @@ right(C, "a loop over heads", lambda m: max(range(m.cfg.n_heads), key=lambda h: 
     (lambda p: p.diagonal(-o).mean())((((m.W_pos @ m.blocks[0].W_Q[h]) @ (m.W_pos @ m.blocks[0].W_K[h]).T)
                                         / m.cfg.d_head ** 0.5).masked_fill(~_causal(m.cfg.n_ctx), -torch.inf)
                                        .softmax(-1)) for o in range(3)))))
-right(C, "a tensor index", lambda m: torch.tensor(solutions()["positional_head"](m)))
+wrong(C, "a tensor index (the text asks an int)", lambda m: torch.tensor(solutions()["positional_head"](m)),
+      "0-d tensor", "named")
+right(C, "a numpy integer made an int", lambda m: int(__import__("numpy").int64(solutions()["positional_head"](m))))
 
 # ---- chapter 4 -------------------------------------------------------------------------------------
 C = "ch04.check_skip_trigram_score"
@@ -812,7 +817,8 @@ wrong(C, "None as 0", lambda v: solutions()["loss_bump"]([x if x is not None els
 right(C, "a running minimum with itertools", lambda v: float(max(
     [0.0] + [x - m for x, m in zip([x for x in v if x is not None], __import__("itertools").accumulate(
         [x for x in v if x is not None], min))])))
-right(C, "a tensor of one number", lambda v: torch.tensor(solutions()["loss_bump"](v)))
+
+exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 
 
 def outcome(row: Row) -> tuple[str, str]:
@@ -830,6 +836,8 @@ def outcome(row: Row) -> tuple[str, str]:
         return ("ok" if ok is True and text.startswith("✓") else "rejected"), text
     if ok:
         return "accepted", text
+    if row.avoid and row.avoid.lower() in text.lower():
+        return "misleading", text
     if row.words.lower() in text.lower():
         return row.expect, text
     detail = text.split(": ", 2)[-1]

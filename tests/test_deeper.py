@@ -251,15 +251,15 @@ def _bump_first(values):
 @pytest.mark.parametrize(
     "check, fn, message",
     [
-        ("check_fold_ln_into", D.fold_ln_into, "correct on 2 cases"),
+        ("check_fold_ln_into", D.fold_ln_into, "correct on 26 cases"),
         ("check_fold_ln_into", _fold_no_centre, "not centred"),
         ("check_fold_ln_into", _fold_scaled_bias, "b_ln @ W, not (w_ln * b_ln) @ W"),
         ("check_fold_ln_into", lambda w, b_ln, W, b: D.fold_ln_into(w, b_ln, W, b)[0], "tuple"),
-        ("check_frozen_ln", D.frozen_ln, "correct on 2 cases"),
+        ("check_frozen_ln", D.frozen_ln, "correct on 26 cases"),
         ("check_frozen_ln", _ln_own_scale, "its own scale"),
         ("check_frozen_ln", _ln_unbiased, "unbiased variance"),
         ("check_frozen_ln", lambda c, r: c - c.mean(-1, keepdim=True), "not divided"),
-        ("check_loss_bump", D.loss_bump, "correct on 5 cases"),
+        ("check_loss_bump", D.loss_bump, "correct on 29 cases"),
         ("check_loss_bump", _bump_one_step, "consecutive"),
         ("check_loss_bump", lambda v: max(x for x in v if x is not None) - min(x for x in v if x is not None), "ignores order"),
         ("check_loss_bump", _bump_first, "first bump only"),

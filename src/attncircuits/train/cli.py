@@ -41,7 +41,6 @@ from attncircuits.core import durable
 from attncircuits.core.manifest import save_weights, sha256, verify_manifest
 from attncircuits.models.hooked import model_config
 from attncircuits.train import run_folder
-from attncircuits.train.presets import PRESETS
 from attncircuits.train.loop import (
     TrainConfig,
     TrainingDiverged,
@@ -52,6 +51,7 @@ from attncircuits.train.loop import (
     step_memory_bytes,
     train,
 )
+from attncircuits.train.presets import PRESETS
 from attncircuits.train.run_folder import RunFolderError, kept
 
 PROG = "python -m attncircuits.train"

@@ -37,7 +37,6 @@ from attncircuits.checkpoints.pretrained import (
 from attncircuits.core import validate
 from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
 from attncircuits.show.plotting.base import MAX_WIDTH_IN
-from attncircuits.train.presets import PRESETS
 from attncircuits.train.loop import (  # noqa: F401 (re-exported)
     TrainConfig,
     evaluate,
@@ -46,6 +45,7 @@ from attncircuits.train.loop import (  # noqa: F401 (re-exported)
     step_memory_bytes,
     train,
 )
+from attncircuits.train.presets import PRESETS
 
 LIVE_PRESET = "attn-only-2l-live"
 TARGET_PREFIX_MATCHING = 0.5  # a layer-1 head attends half its weight to the token after the match

@@ -23,9 +23,15 @@ book's column) and returns True or False. It never raises for anything the learn
   another function the learner's calls (an earlier exercise), the message names it;
 - raises inside: the exception's type and first line, and the line of the learner's code it came
   from (never a traceback);
-- too slow: each call runs in a thread that is waited for at most ``time_limit`` seconds, then
-  stopped, even through a bare ``except:`` (see :func:`._run._run_with_time_limit`); a method the
-  exercise rules out is judged by what it computes, not by time (:class:`Method`);
+- too slow: each call runs in a thread that is waited for at most ``CALL_FACTOR`` times the
+  reference's time on that case (at least ``MIN_CALL_LIMIT`` seconds), and all of a check's calls
+  for at most ``time_limit`` seconds, then stopped, even through a bare ``except:`` (see
+  :func:`._run._run_with_time_limit`); a method the exercise rules out is judged by what it
+  computes, not by time (:class:`Method`);
+- an input changed in place (each argument the learner's function was given is compared with the
+  case's own after the call: "your function changed `W` in place");
+- not the type the text asks (``returns=float``: "returns a 0-d tensor; the exercise asks for a
+  float");
 - wrong type, wrong shape (expected vs got, with "transposed" or "a missing batch axis" where
   that explains it), NaN/inf where the answer is finite, wrong device, wrong dtype;
 - a value mismatch: all zeros first; then the named diagnoses whose wrong answer matches the
@@ -36,7 +42,8 @@ book's column) and returns True or False. It never raises for anything the learn
   square root; then "right on the shipped model but wrong on the random one" when the learner
   passes every case of one kind and fails another; else the largest difference and where.
 
-Every chapter's check is wrapped in :func:`guarded`: it runs with float32 as the default dtype,
+``run_check`` applies :func:`guarded`'s guard itself (so every check has it; a chapter wraps its
+check in :func:`guarded` too when building the cases may fail): it runs with float32 as the default dtype,
 no autograd, one thread and the random state saved, all restored afterwards, and anything that
 fails while it builds its cases or compares becomes one ✗ line. :func:`shipped` restores a
 shipped model that anything edited.
@@ -55,7 +62,16 @@ Writing a check:
 - ``canonical`` maps an output to what is compared, after the type and shape checks: e.g. the
   product of two factors (factors are unique only up to an invertible matrix between them), or a
   sorted list.
-- ``time_limit`` (seconds per call) and ``slow_hint`` (what to say when a call runs past it).
+- ``time_limit`` (seconds for all calls of the check) and ``slow_hint`` (what to say when a call
+  runs past its limit).
+- ``generate(draw: Draw)`` returns the arguments of one generated case (or a ``Case`` whose label
+  is a note such as "resid's variance is 1e-8"): ``N_GENERATED`` of them, seeded by the check's
+  name and the index, run after the fixed cases; ``draw.edge(n)`` walks through ``n`` edges the
+  text allows first (the extreme at the last position, values of 0, ``None`` first, a variance
+  near zero, one element, the largest shape). A failure on one shows the case's inputs (values
+  when small, else shapes) with what the function got and what was expected.
+- ``returns`` (``float`` or ``int``): the type the text asks; ``outputs``: names of a tuple's
+  items for messages; ``identities``: :class:`Identity` facts the text states about the inputs.
 - ``compare(got, expected, case)`` replaces the numeric comparison for outputs that are not
   tensors or numbers (e.g. a list of token triples); it returns ``None`` when they agree, else
   the message.
@@ -69,27 +85,35 @@ second and nbval stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from torch import Tensor
 
 from attncircuits.checkpoints import modelset
-from attncircuits.checkpoints.pretrained import load_pretrained
-from attncircuits.course.exercises._compare import _close, _describe_type, _finite, _generic_mismatch, _numbers_as_list, _structure
+from attncircuits.course.exercises._compare import _describe_type
+from attncircuits.course.exercises._contract import Draw, arg_names, changed_inputs, describe
+from attncircuits.course.exercises._inputs import other_heads, random_model, random_tokens, shipped
+from attncircuits.course.exercises._judge import _compare_one, _fits
 from attncircuits.course.exercises._run import Method, _call, _first_line, _Stop
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
 
 __all__ = [
-    "Case", "Diagnosis", "Method", "guarded", "other_heads", "run_check", "shipped", "random_model", "random_tokens", "report",
-    "WIDTH",
+    "Case", "Diagnosis", "Draw", "Identity", "Method", "guarded", "other_heads", "run_check", "shipped", "random_model",
+    "random_tokens", "report", "WIDTH",
 ]
 
 WIDTH = 79  # the book's code column: printed lines wrap here
-DEFAULT_TIME_LIMIT = 30.0  # seconds per call: only a runaway loop gets near it (methods are judged by Method)
+DEFAULT_TIME_LIMIT = 30.0  # seconds for all of a check's calls: only a runaway loop gets near it
+MIN_CALL_LIMIT = 5.0  # seconds one call may always take, however fast the reference
+CALL_FACTOR = 100  # ... and this many times the reference's time on the same case
+N_GENERATED = 24  # generated cases per check, when it has a generator
+CASES_RUN: dict[str, tuple[list, tuple]] = {}  # "ch10.check_frozen_ln" -> (its last cases, identities), for tests
+
 
 @dataclass
 class Case:
@@ -98,44 +122,10 @@ class Case:
     label: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
-    kind: str = "shipped"  # "shipped", "random" or "hand-built"
+    kind: str = "shipped"  # "shipped", "random", "hand-built" or "generated"
     expected: Any = None  # the reference's output; computed by run_check when None
     others: Callable[[], list[tuple[str, tuple]]] | None = None  # (label, args) of neighbouring inputs
     grad: bool = False  # run the learner's call with autograd on (to check its gradient)
-
-
-def other_heads(args: tuple, index: int, n: int, label: str = "head {}") -> Callable[[], list[tuple[str, tuple]]]:
-    """``Case.others`` for a head argument at position ``index`` of ``args``: the same call on each
-    other head ``0 .. n - 1`` (or, for a ``(layer, head)`` pair, each other pair of ``n`` layers x
-    the model's heads is not guessed: pass the pairs). When the learner's answer is the reference's
-    on one of them, the message says so ("this is head 2's answer")."""
-
-    def others():
-        here = args[index]
-        out = []
-        for h in range(n) if not isinstance(n, (list, tuple)) else n:
-            if h != here:
-                out.append((label.format(h if not isinstance(h, tuple) else ".".join(map(str, h))),
-                            args[:index] + (h,) + args[index + 1 :]))
-        return out
-
-    return others
-
-
-def _dims(case: Case) -> dict[str, int]:
-    """Sizes a factor in a wrong answer may be: a model's d_head, d_model, n_heads, ... among the
-    case's arguments."""
-    dims: dict[str, int] = {}
-    for a in case.args:
-        cfg = getattr(a, "cfg", None)
-        for name in ("d_head", "n_heads", "d_model", "n_ctx"):
-            v = getattr(cfg, name, None)
-            if isinstance(v, int) and name not in dims:
-                dims[name] = v
-        if isinstance(a, Tensor):
-            for i, n in enumerate(a.shape):
-                dims.setdefault(f"length of the input's axis {i}", n)
-    return dims
 
 
 @dataclass
@@ -151,6 +141,16 @@ class Diagnosis:
     applies: Callable[[Any, Any, Case], bool] | None = None
 
 
+@dataclass
+class Identity:
+    """A fact the exercise's text states about its inputs (``holds(*args)``: e.g. the components
+    sum to ``resid``); every case of the check, fixed or generated, must satisfy it (a test
+    asserts so for every check)."""
+
+    text: str
+    holds: Callable[..., bool]
+
+
 # ---- reporting -----------------------------------------------------------------------------------
 def report(name: str, ok: bool | None, message: str) -> bool:
     """Print one message for check ``name``: ✓ correct, ✗ wrong, ○ not attempted. Returns ``ok``."""
@@ -159,36 +159,51 @@ def report(name: str, ok: bool | None, message: str) -> bool:
     print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     return bool(ok)
 
+
 # ---- every check: restored torch state, never an exception ------------------------------------------
+@contextlib.contextmanager
+def _torch_state():
+    """The torch state the references assume (float32 default, no autograd, one thread, the
+    random state saved), the learner's own restored afterwards."""
+    dtype, threads, grad = torch.get_default_dtype(), torch.get_num_threads(), torch.is_grad_enabled()
+    try:
+        with torch.random.fork_rng(), modelset.shipped_models():
+            torch.set_default_dtype(torch.float32)
+            torch.set_grad_enabled(False)
+            torch.set_num_threads(1)
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def _safely(fn, check: Callable[[], bool]) -> bool:
+    try:
+        with _torch_state():
+            return check()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # a fault in comparing: one line, the notebook goes on
+        name = getattr(fn, "__name__", "your function")
+        return report(name, False, f"the check could not compare your output ({type(err).__name__}: "
+                                   f"{_first_line(err, 100)}); look at what your function returns")
+
+
 def guarded(check: Callable[[Callable], bool]) -> Callable[[Callable], bool]:
-    """Wrap a chapter's check: it runs with the torch state the references assume (float32
-    default, no autograd, the random generator's state saved and restored) on one thread (the
-    cases are small: a thread pool only waits for itself, badly so on a busy machine), and
-    reports anything that goes wrong while it builds its cases or compares as one ✗ line, so a
-    learner's ``torch.set_default_dtype(torch.float64)`` or an output no comparison expected never
-    breaks the notebook."""
+    """Wrap a chapter's check so that building its cases runs under the same guard as
+    :func:`run_check` (which applies it itself): the torch state the references assume (float32
+    default, no autograd, the random generator's state saved and restored) on one thread, and
+    anything that goes wrong reported as one ✗ line, so a learner's
+    ``torch.set_default_dtype(torch.float64)`` or an output no comparison expected never breaks
+    the notebook."""
 
     @functools.wraps(check)
     def run(fn, *args, **kwargs) -> bool:
-        dtype, threads, grad = torch.get_default_dtype(), torch.get_num_threads(), torch.is_grad_enabled()
-        try:
-            with torch.random.fork_rng(), modelset.shipped_models():
-                torch.set_default_dtype(torch.float32)
-                torch.set_grad_enabled(False)
-                torch.set_num_threads(1)
-                return check(fn, *args, **kwargs)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as err:  # a fault in comparing: one line, the notebook goes on
-            name = getattr(fn, "__name__", "your function")
-            return report(name, False, f"the check could not compare your output ({type(err).__name__}: "
-                                       f"{_first_line(err, 100)}); look at what your function returns")
-        finally:
-            torch.set_default_dtype(dtype)
-            torch.set_grad_enabled(grad)
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
+        return _safely(fn, lambda: check(fn, *args, **kwargs))
 
+    run.guarded = True
     return run
 
 
@@ -207,29 +222,63 @@ def run_check(
     time_limit: float = DEFAULT_TIME_LIMIT,
     slow_hint: str = "look for a Python loop over tokens or positions and use tensor operations",
     method: Method | None = None,
+    generate: Callable[[Draw], tuple | Case] | None = None,
+    n_generated: int | None = None,
+    returns: type | None = None,
+    outputs: Sequence[str] | None = None,
+    identities: Sequence[Identity] = (),
 ) -> bool:
-    """Run ``fn`` on every case against ``reference`` and print one message; True when all agree.
+    """Run ``fn`` on every case, then on the generated ones, against ``reference`` and print one
+    message; True when all agree.
 
     When a case is wrong the learner's function still runs on the other cases, and a named
     diagnosis is given only when it fits every case it applies to (so that a mistake two wrong
     methods share on one input is told apart on another). See the module docstring for the rest.
     """
     name = name or getattr(fn, "__name__", "your function")
+    caller = sys._getframe(1)  # the chapter's check, whose cases CASES_RUN keeps
+    key = f"{caller.f_globals.get('__name__', '').rsplit('.', 1)[-1]}.{caller.f_code.co_name}"
+    settings = dict(atol=atol, rtol=rtol, canonical=canonical, compare=compare, time_limit=time_limit,
+                    slow_hint=slow_hint, method=method, returns=returns, outputs=outputs)
+    return _safely(fn, lambda: _judge_all(fn, name, key, cases, reference, diagnoses, settings, generate,
+                                          N_GENERATED if n_generated is None else n_generated, identities))
+
+
+def _generated(name: str, generate, n: int, names: list[str]) -> list[Case]:
+    out = []
+    for i in range(n):
+        made = generate(Draw(name, i))
+        args, note = (made.args, made.label) if isinstance(made, Case) else (tuple(made), "")
+        out.append(Case(f"generated case {i + 1} ({describe(args, names, note)})", args, kind="generated"))
+    return out
+
+
+def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_generated, identities) -> bool:
     try:
         if not callable(fn):
             raise _Stop(f"expected a function, got {_describe_type(fn)}; pass the function itself, without calling it")
+        cases = list(cases)
+        names = arg_names(reference or fn, max([len(c.args) for c in cases] + [0]))
+        if generate is not None:
+            cases += _generated(key, generate, n_generated, names)
+        CASES_RUN[key] = (cases, tuple(identities))
+        deadline = time.perf_counter() + s["time_limit"]
         passed: list[Case] = []
         failed: tuple | None = None  # (case, message, candidate diagnoses)
         seen: list[tuple[Case, Any, Any]] = []  # (case, expected, got) of every case run
         for case in cases:
-            expected = case.expected
+            expected, limit = case.expected, s["time_limit"]
             if expected is None:
                 if reference is None:
                     raise ValueError(f"case {case.label!r} has no expected value and the check has no reference")
+                t = time.perf_counter()
                 with torch.no_grad():
                     expected = reference(*case.args, **case.kwargs)
+                limit = min(limit, max(MIN_CALL_LIMIT, CALL_FACTOR * (time.perf_counter() - t)))
+            limit = max(0.05, min(limit, deadline - time.perf_counter()))
             try:
-                got = _call(fn, case, time_limit, slow_hint, method)
+                got = _call(fn, case, limit, s["slow_hint"], s["method"],
+                            lambda a, k, case=case: changed_inputs(a, k, case, names))
             except _Stop:
                 if failed is None:
                     raise
@@ -238,8 +287,8 @@ def run_check(
             if failed is not None:
                 continue
             try:
-                problem, candidates = _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare,
-                                                   reference)
+                problem, candidates = _compare_one(got, expected, case, diagnoses, s["atol"], s["rtol"],
+                                                   s["canonical"], s["compare"], reference, s["returns"], s["outputs"])
             except _Stop as stop:  # a wrong type, shape, dtype, ...: said for this case like the rest
                 problem, candidates = stop.message, []
             except Exception as err:  # an output no comparison expected (a meta tensor, 10**400, ...)
@@ -256,7 +305,7 @@ def run_check(
             return report(name, True, f"correct on {len(passed)} case{'s' * (len(passed) != 1)}: {kinds}")
         case, problem, candidates = failed
         for diagnosis in candidates:
-            if all(_fits(diagnosis, c, e, g, canonical, atol, rtol) for c, e, g in seen if c is not case):
+            if all(_fits(diagnosis, c, e, g, s["canonical"], s["atol"], s["rtol"]) for c, e, g in seen if c is not case):
                 problem = diagnosis.message
                 break
         if callable(problem):
@@ -268,129 +317,3 @@ def run_check(
         raise _Stop(f"on {case.label}: {problem}")
     except _Stop as stop:
         return report(name, stop.ok, stop.message)
-
-
-def _fits(diagnosis: Diagnosis, case: Case, expected, got, canonical, atol, rtol) -> bool:
-    """Whether the learner's output on ``case`` is what ``diagnosis``'s mistake gives there (True
-    when the diagnosis says nothing about that case)."""
-    try:
-        with torch.no_grad():
-            if diagnosis.applies is not None:
-                return True  # a property of one output; not checked across cases
-            wrong = diagnosis.wrong(expected, case)
-        if wrong is None:
-            return True
-        g = canonical(got) if canonical else got
-        w = canonical(wrong) if canonical else wrong
-        return _close(g, w, atol, rtol)
-    except Exception:
-        return True
-
-
-def _another(got, case, reference, canonical, atol, rtol) -> str | None:
-    """"this is head 2's answer" when the learner's output is the reference's on a neighbouring input."""
-    if case.others is None or reference is None:
-        return None
-    try:
-        g = canonical(got) if canonical else got
-        for label, args in case.others():
-            with torch.no_grad():
-                other = reference(*args, **case.kwargs)
-            if _close(g, canonical(other) if canonical else other, atol, rtol):
-                return f"this is the answer for {label}, not for the one asked (is an index fixed, or mixed up?)"
-    except Exception:
-        return None
-    return None
-
-
-def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare, reference=None):
-    """(None, []) when ``got`` is right; else (the message, the named diagnoses that match here, to
-    be confirmed on the other cases). Structure problems raise _Stop directly."""
-    if compare is not None:
-        return compare(got, expected, case), []  # None or a message
-    got = _numbers_as_list(got, expected)
-    try:
-        _structure(got, expected, finite=canonical is None)
-    except _Stop:  # a wrong type or shape: a diagnosis that reads the output may still name it
-        for diagnosis in diagnoses:
-            try:
-                if diagnosis.applies is not None and diagnosis.applies(got, expected, case):
-                    return diagnosis.message, []
-            except Exception:
-                continue
-        raise
-    g = canonical(got) if canonical else got
-    e = canonical(expected) if canonical else expected
-    _finite(g, e)  # after canonical: entries it leaves out (the masked part) may be anything
-    if _close(g, e, atol, rtol):
-        return None, []
-    if isinstance(e, Tensor) and isinstance(g, Tensor) and g.shape == e.shape and bool((g == 0).all()) and bool((e != 0).any()):
-        return "your output is all zeros (nothing was written into it, or everything was masked)", []
-    candidates: list[Diagnosis] = []
-    for diagnosis in diagnoses:
-        try:
-            with torch.no_grad():
-                if diagnosis.applies is not None:
-                    if diagnosis.applies(got, expected, case):
-                        candidates.append(diagnosis)
-                    continue
-                wrong = diagnosis.wrong(expected, case)
-        except Exception:  # a diagnosis that does not apply to this case
-            continue
-        if wrong is None:
-            continue
-        w = canonical(wrong) if canonical else wrong
-        if _close(g, w, atol, rtol) and not _close(w, e, atol, rtol):
-            candidates.append(diagnosis)
-
-    def generic() -> str:
-        return _another(got, case, reference, canonical, atol, rtol) or _generic_mismatch(g, e, atol, rtol, _dims(case))
-
-    return generic, candidates
-
-
-# ---- inputs for the cases ------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _loaded(name: str):
-    ckpt = load_pretrained(name)
-    return ckpt, {k: v.detach().clone() for k, v in ckpt.model.state_dict().items()}, ckpt.model.cfg.to_dict()
-
-
-def shipped(name: str):
-    """A shipped checkpoint (``attn-only-0l``, ``-1l`` or ``-2l``), loaded once per session.
-
-    Before it is handed out its weights and config are compared with the copy kept at loading (a
-    few milliseconds), and restored when anything changed them: a learner's code that edits the
-    model a check uses cannot make later checks fail."""
-    ckpt, state, cfg = _loaded(name)
-    model = ckpt.model
-    try:
-        now = model.state_dict()
-        intact = (model.cfg.to_dict() == cfg and now.keys() == state.keys()
-                  and all(now[k].shape == v.shape and torch.equal(now[k], v) for k, v in state.items()))
-    except Exception:
-        intact = False
-    if not intact:
-        _loaded.cache_clear()
-        ckpt = _loaded(name)[0]
-    ckpt.model.eval()
-    for param in ckpt.model.parameters():
-        param.requires_grad_(False)
-    return ckpt
-
-
-def random_model(n_layers: int = 1, seed: int = 0, **config) -> AttnOnlyTransformer:
-    """A small model with seeded random weights (default sizes: d_model 32, 4 heads of 8, 64
-    tokens, n_ctx 16); keyword arguments override :class:`AttnOnlyConfig` fields."""
-    sizes = dict(d_model=32, n_heads=4, d_head=8, d_vocab=64, n_ctx=16)
-    sizes.update(config)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return AttnOnlyTransformer(AttnOnlyConfig(n_layers=n_layers, **sizes)).eval()
-
-
-def random_tokens(d_vocab: int, shape: tuple[int, ...], seed: int = 0) -> Tensor:
-    """Seeded uniformly random token ids of the given shape (a long tensor)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, d_vocab, shape, generator=gen)
-

@@ -268,7 +268,10 @@ def _stub_called(tb, fn: Callable) -> str | None:
     return code.co_name
 
 
-def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method | None = None) -> Any:
+def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method | None = None,
+          after: Callable[[tuple, dict], str | None] | None = None) -> Any:
+    """The learner's output on copies of ``case``'s inputs, or _Stop with the message; ``after``
+    reads the copies once the call has returned (a message when they changed)."""
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
 
     def call():
@@ -295,7 +298,7 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
     except _TimeLimit:
         raise _Stop(
             f"too slow: stopped waiting after {limit:.1f} s on {case.label} (the reference takes well "
-            f"under a second); {slow_hint}"
+            f"under that); {slow_hint}"
         )
     except KeyboardInterrupt:
         raise
@@ -303,6 +306,9 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
         raise _Stop(f"raised {type(err).__name__}{_where(err.__traceback__, fn)} on {case.label}: {_first_line(err)}")
     if out is Ellipsis or (out is None and _is_stub(fn)):
         raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+    changed = after(args, kwargs) if after is not None else None
+    if changed:
+        raise _Stop(f"on {case.label}: {changed}")
     return out
 
 

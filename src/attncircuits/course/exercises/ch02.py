@@ -131,7 +131,7 @@ def check_bigram_kl(bigram_kl) -> bool:
         Diagnosis("summed over current tokens; take their weighted mean", lambda e, c: float(next_token_kl(*c.args).sum())),
     ]
     return run_check(
-        bigram_kl, _comparison_cases(), lambda lp, c: cross_entropy(lp, c) - conditional_entropy(c), mistakes, atol=1e-5, rtol=1e-4
+        bigram_kl, _comparison_cases(), lambda lp, c: cross_entropy(lp, c) - conditional_entropy(c), mistakes, atol=1e-5, rtol=1e-4,
     )
 
 
@@ -166,4 +166,5 @@ def check_bigram_correlation(bigram_correlation) -> bool:
         mistakes,
         atol=1e-5,
         rtol=1e-4,
+        returns=float,
     )

@@ -250,4 +250,4 @@ def check_positional_head(positional_head) -> bool:
         Diagnosis("that is the head with the LEAST positional attention", lambda e, c: int(_recent_attention(c.args[0]).argmin())),
         Diagnosis("only the current token (offset 0) was counted; sum offsets 0, 1 and 2", pick(offsets=1)),
     ]
-    return run_check(positional_head, cases, lambda m: int(_recent_attention(m).argmax()), mistakes)
+    return run_check(positional_head, cases, lambda m: int(_recent_attention(m).argmax()), mistakes, returns=int)

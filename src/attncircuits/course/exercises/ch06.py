@@ -193,7 +193,7 @@ def check_find_induction_heads(fn) -> bool:
         Case("attn-only-2l with an empty layer inserted (its induction heads in layer 2)",
              (_deeper(shipped("attn-only-2l").model),), kind="hand-built"),
     ]
-    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads", time_limit=30)
+    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads")
 
 
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
@@ -253,7 +253,6 @@ def check_ablated_loss(fn) -> bool:
                       per_position_mean),
         ],
         name="ablated_loss",
-        time_limit=30,
         atol=1e-3,
     )
 
@@ -287,7 +286,6 @@ def check_qk_score_terms(fn) -> bool:
                       lambda e, c: e * math.sqrt(c.args[0].cfg.d_head)),
         ],
         name="qk_score_terms",
-        time_limit=30,
         canonical=_causal,
         atol=1e-3,
         rtol=1e-3,
@@ -330,6 +328,5 @@ def check_copying_accuracy(fn) -> bool:
                       by_column),
         ],
         name="copying_accuracy",
-        time_limit=30,
         atol=1e-6,
     )

@@ -63,6 +63,7 @@ def check_icl_score(fn) -> bool:
             Diagnosis("the wrong sign: late minus early", lambda e, c: -e),
         ],
         name="icl_score",
+        returns=float,
     )
 
 
@@ -192,7 +193,6 @@ def check_logit_attribution(fn) -> bool:
                       lambda e, c: torch.cat([torch.zeros_like(e[..., :1]), e[..., 1:]], -1)),
         ],
         name="logit_attribution",
-        time_limit=30,
         atol=1e-3,
         rtol=1e-4,
     )

@@ -4,7 +4,7 @@ curve.
 
 Each check runs the learner's function on the shipped ``ln-mlp-4l`` model's weights, activations or
 history and on small random or hand-written inputs, against the references in
-:mod:`attncircuits.analysis.deeper`, and prints one line.
+:mod:`attncircuits.deeper`, and prints one line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,16 @@ import functools
 import torch
 
 from attncircuits.analysis.deeper import fold_ln_into, folded, frozen_ln, loss_bump
-from attncircuits.course.exercises._core import Case, Diagnosis, guarded, random_tokens, run_check, shipped
+from attncircuits.course.exercises._core import (
+    Case,
+    Diagnosis,
+    Draw,
+    Identity,
+    guarded,
+    random_tokens,
+    run_check,
+    shipped,
+)
 
 __all__ = ["check_fold_ln_into", "check_frozen_ln", "check_loss_bump"]
 
@@ -27,7 +36,8 @@ def _random_ln_case(seed: int, d_model: int, n_heads: int, d_head: int) -> tuple
 
 @guarded
 def check_fold_ln_into(fn) -> bool:
-    """Exercise 10.1: ``fn(w_ln, b_ln, W, b) -> (W_folded, b_folded)``."""
+    """Exercise 10.1: ``fn(w_ln, b_ln, W, b) -> (W_folded, b_folded)``; tuple items are named in
+    messages."""
     model = shipped("ln-mlp-4l").model
     block = model.blocks[1]
     cases = [
@@ -52,6 +62,19 @@ def check_fold_ln_into(fn) -> bool:
         F = w[:, None] * W
         return F - F.mean(-1, keepdim=True), expected[1]
 
+    def bias_through_folded(expected, case):
+        _, b_ln, _, b = case.args
+        return expected[0], b + torch.einsum("d,...de->...e", b_ln, expected[0])
+
+    def b_dropped(expected, case):
+        return expected[0], expected[1] - case.args[3]
+
+    def bias_subtracted(expected, case):
+        return expected[0], 2 * case.args[3] - expected[1]
+
+    def bias_centred(expected, case):
+        return expected[0], expected[1] - expected[1].mean(-1, keepdim=True)
+
     def gain_dropped(expected, case):
         W = case.args[2]
         return W - W.mean(-2, keepdim=True), expected[1]
@@ -69,25 +92,70 @@ def check_fold_ln_into(fn) -> bool:
             Diagnosis("the gain is missing: scale row i of W (the d_model axis) by w_ln[i]", gain_dropped),
             Diagnosis("centred over the wrong axis: subtract the mean over d_model (axis -2), the "
                       "direction LayerNorm's output never has; not over d_out", centred_over_out),
+            Diagnosis("b_folded uses the centred W_folded: the bias meets the original W, b_ln @ W "
+                      "(centring changes only what x̂ never reads, but b_ln is not x̂)", bias_through_folded),
+            Diagnosis("b_folded leaves out W's own bias b: add b_ln @ W to b", b_dropped),
+            Diagnosis("b_folded subtracts b_ln @ W; the LayerNorm bias is added: b + b_ln @ W", bias_subtracted),
+            Diagnosis("b_folded is centred too; only the weight is: the bias is added to every output as "
+                      "it is", bias_centred),
         ],
         atol=1e-5,
         rtol=1e-4,
+        generate=_fold_case,
+        outputs=("W_folded", "b_folded"),
     )
+
+
+def _fold_case(draw: Draw):
+    """Gain and bias [d_model], W [n_heads, d_model, d_out], b [n_heads, d_out]; a zero gain entry,
+    a zero bias, one head of one output, and the shipped sizes among them."""
+    edge = draw.edge(4)
+    h, d, o = ((1, 1, 1), (1, 2, 1), (2, 3, 2), (4, 128, 32))[edge] if edge is not None else (
+        draw.int(1, 3), draw.int(1, 6), draw.int(1, 4))
+    w_ln = draw.rand(d, lo=0.5, hi=2.0) * (draw.rand(d) > 0.2)  # a gain of 0 switches a direction off
+    b_ln = draw.randn(d) if draw.rng.random() > 0.2 else torch.zeros(d)
+    return w_ln, b_ln, draw.randn(h, d, o), draw.randn(h, o) if draw.rng.random() > 0.2 else torch.zeros(h, o)
 
 
 @functools.lru_cache(maxsize=None)
 def _shipped_stack() -> tuple[torch.Tensor, torch.Tensor]:
-    """The final residual stream of ``ln-mlp-4l`` on 2 rows of random tokens, split by writer."""
+    """The final residual stream of ``ln-mlp-4l`` on 2 rows of random tokens, split by writer: the
+    position embedding only where it is in the stream (a "shortformer" model adds it to queries
+    and keys only), so the components sum to ``resid`` as the exercise says."""
     fm = folded(shipped("ln-mlp-4l").model)
     with torch.no_grad():
         _, cache = fm.run_with_cache(random_tokens(fm.cfg.d_vocab, (2, 12)))
-        stack = cache.decompose_resid(layer=-1, return_labels=False)
-    return stack, cache["resid_post", fm.cfg.n_layers - 1]
+        stack, labels = cache.decompose_resid(layer=-1, return_labels=True)
+    keep = [i for i, label in enumerate(labels) if label != "pos_embed" or fm.cfg.positional_embedding_type == "standard"]
+    return stack[keep], cache["resid_post", fm.cfg.n_layers - 1]
+
+
+def _sums_to_resid(components, resid) -> bool:
+    return components.shape[1:] == resid.shape and bool(torch.allclose(components.sum(0), resid, atol=1e-4, rtol=1e-5))
+
+
+def _stack_case(draw: Draw):
+    """Components [comp, batch, pos, d_model] and their sum; edges: one component, one position,
+    d_model 2, a stream of nearly constant value (variance about 1e-8, where the epsilon of the
+    scale decides), a stream with one position far louder than the rest."""
+    edge = draw.edge(5)
+    c, b, p, d = ((1, 1, 1, 2), (3, 1, 2, 4), (2, 1, 3, 5), (4, 2, 2, 3), (5, 2, 4, 8))[edge] if edge is not None else (
+        draw.int(1, 5), draw.int(1, 2), draw.int(1, 4), draw.int(2, 8))
+    comps = draw.randn(c, b, p, d)
+    note = ""
+    if edge in (2, 3) or (edge is None and draw.rng.random() < 0.3):  # a nearly constant stream
+        target = 1e-4 * draw.randn(b, p, d)  # centred already: float32 keeps its digits
+        comps[-1] = target - comps[:-1].sum(0)
+        note = "resid's variance over d_model is about 1e-8"
+    elif edge == 4:
+        comps[:, :, 0] *= 1000.0
+        note = "position 0 is 1000 times louder"
+    return Case(note, (comps, comps.sum(0)))
 
 
 @guarded
 def check_frozen_ln(fn) -> bool:
-    """Exercise 10.2: ``fn(components, resid) -> [comp, ..., d_model]``."""
+    """Exercise 10.3: ``fn(components, resid) -> [comp, ..., d_model]``."""
     gen = torch.Generator().manual_seed(4)
     parts = torch.randn(5, 3, 7, 16, generator=gen) + torch.randn(5, 1, 1, 16, generator=gen)
     cases = [
@@ -130,12 +198,14 @@ def check_frozen_ln(fn) -> bool:
         ],
         atol=1e-5,
         rtol=1e-4,
+        generate=_stack_case,
+        identities=[Identity("components sum over axis 0 to resid", _sums_to_resid)],
     )
 
 
 @guarded
 def check_loss_bump(fn) -> bool:
-    """Exercise 10.3: ``fn(values) -> float``, the largest rise above the lowest value so far."""
+    """Exercise 10.2: ``fn(values) -> float``, the largest rise above the lowest value so far."""
     history = shipped("ln-mlp-4l").history
     cases = [
         Case("ln-mlp-4l's validation loss", (list(history["val_loss"]),)),
@@ -185,4 +255,31 @@ def check_loss_bump(fn) -> bool:
         ],
         atol=1e-7,
         rtol=1e-6,  # a float32 answer holds the bump to about 1e-7
+        generate=_curve,
+        returns=float,
     )
+
+
+_EDGE_CURVES = (
+    [3.0], [2.0, 2.0, 2.0], [5.0, 1.0, 1.3], [0.0, 0.5, 0.2], [1.0, 0.0, 0.01], [None, 3.0, 2.0, 2.05],
+    [4.0, 3.0, None, None, 3.5, None], [2.0, 1.0, 1.5, 0.5, 0.6], [1.0, 2.0, 1.5], [5.0, 2.0, 3.7],
+    [None, None, 1.0], [0.0, 0.0], [6.0, 1e-6, 2e-6],
+)
+
+
+def _curve(draw: Draw):
+    """A loss curve: a list of floats and ``None``s (at least one float); the edges first: one
+    value, ties, the bump at the last point, losses of 0, tiny bumps, ``None`` first, last and in
+    a row, a later smaller bump after the global minimum, a bump from the first value."""
+    edge = draw.edge(len(_EDGE_CURVES))
+    if edge is not None:
+        return (list(_EDGE_CURVES[edge]),)
+    n, v, out = draw.int(1, 40), draw.rng.uniform(0.0, 6.0), []
+    for _ in range(n):
+        r = draw.rng.random()
+        v = max(0.0, v + (draw.rng.uniform(-0.5, 0.1) if r < 0.7 else draw.rng.uniform(0.0, 1.0) if r < 0.85
+                          else draw.rng.choice([0.0, 1e-3])))
+        out.append(None if draw.rng.random() < 0.1 else round(v, 3))
+    if all(x is None for x in out):
+        out[draw.rng.randrange(n)] = round(v, 3)
+    return (out,)

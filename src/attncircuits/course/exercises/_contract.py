@@ -1,0 +1,141 @@
+"""The contract every check keeps, whatever its chapter: the caller's inputs are left as they were,
+the output has the type the exercise's text asks, and beside the fixed cases the learner's
+function meets cases drawn from the exercise's input description, edges included.
+
+Part of the check machinery (see :mod:`._core`, whose ``run_check`` applies all of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import random
+import zlib
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+
+# ---- inputs left as they were ----------------------------------------------------------------------
+def _same(a: Any, b: Any) -> bool:
+    """Whether ``a`` (the copy the learner's function was given, after the call) still equals
+    ``b`` (the case's own input): tensors entry by entry (NaN equal to NaN), containers item by
+    item, a module by its parameters and buffers, a dataclass by its fields; anything else is not
+    compared."""
+    if isinstance(b, Tensor):
+        if not isinstance(a, Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        a, b = a.detach(), b.detach()
+        if a.is_floating_point() or a.is_complex():
+            return bool((a.eq(b) | (a.isnan() & b.isnan())).all())
+        return bool(torch.equal(a, b))
+    if isinstance(b, (list, tuple)):
+        return isinstance(a, (list, tuple)) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(b, dict):
+        return isinstance(a, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in b)
+    if isinstance(b, torch.nn.Module):
+        return isinstance(a, torch.nn.Module) and _same(dict(a.state_dict()), dict(b.state_dict()))
+    if dataclasses.is_dataclass(b) and not isinstance(b, type):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name))
+                                          for f in dataclasses.fields(b))
+    if isinstance(b, (int, float, str, bool)) or b is None:
+        return type(a) is type(b) and (a == b or (isinstance(b, float) and math.isnan(a) and math.isnan(b)))
+    return True
+
+
+def arg_names(fn: Callable | None, n: int) -> list[str]:
+    """The names of the first ``n`` parameters of ``fn`` (the reference's, which are the text's)."""
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n)]
+
+
+def changed_inputs(given: tuple, kwargs_given: dict, case, names: list[str]) -> str | None:
+    """The message when the learner's function changed an input in place, else None."""
+    for name, a, b in [*zip(names, given, case.args), *((k, kwargs_given[k], v) for k, v in case.kwargs.items())]:
+        try:
+            same = _same(a, b)
+        except Exception:
+            same = True
+        if not same:
+            return (f"your function changed `{name}` in place; the caller's inputs must stay as they were "
+                    f"(write `x = x * s`, not `x *= s`; copy with `.clone()` or `list(...)` before editing)")
+    return None
+
+
+# ---- the return type the text asks -----------------------------------------------------------------
+def _kind(x) -> str:
+    if isinstance(x, Tensor):
+        return f"a {x.ndim}-d tensor" if x.ndim < 2 or x.numel() <= 1 else f"a tensor of shape {list(x.shape)}"
+    mod = type(x).__module__
+    return f"a {mod}.{type(x).__name__}" if mod not in ("builtins",) else f"a{'n' if type(x).__name__[0] in 'aeiou' else ''} {type(x).__name__}"
+
+
+def wrong_type(got, returns) -> str | None:
+    """The message when ``got`` is not of the type the exercise asks (``float`` or ``int``), else
+    None. A float is a Python float (a numpy float64 is one); an int is a Python int, not a bool."""
+    if returns is None:
+        return None
+    if returns is float:
+        ok = isinstance(got, float)
+        fix = "`float(...)` turns it into one"
+    elif returns is int:
+        ok = isinstance(got, int) and not isinstance(got, bool)
+        fix = "`int(...)` turns it into one"
+    else:
+        return None
+    if ok:
+        return None
+    return f"returns {_kind(got)}; the exercise asks for a{'n' if returns is int else ''} {returns.__name__} ({fix})"
+
+
+# ---- generated cases -------------------------------------------------------------------------------
+class Draw:
+    """Seeded draws for one generated case: ``Draw(name, i)`` gives the same numbers every time
+    for the same check and index. ``i`` lets a generator go through its edge cases first
+    (``draw.edge(n)`` is the edge number ``i`` while ``i < n``, else None)."""
+
+    def __init__(self, name: str, i: int):
+        seed = zlib.crc32(f"{name}/{i}".encode())
+        self.i, self.rng = i, random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def edge(self, n: int) -> int | None:
+        return self.i if self.i < n else None
+
+    def int(self, lo: int, hi: int) -> int:
+        """A uniform integer in ``[lo, hi]``, the ends drawn more often (a size of 1, the largest)."""
+        r = self.rng.random()
+        return lo if r < 0.15 else hi if r < 0.3 else self.rng.randint(lo, hi)
+
+    def randn(self, *shape: int, scale: float = 1.0) -> Tensor:
+        return torch.randn(*shape, generator=self.gen) * scale
+
+    def rand(self, *shape: int, lo: float = 0.0, hi: float = 1.0) -> Tensor:
+        return lo + (hi - lo) * torch.rand(*shape, generator=self.gen)
+
+    def choice(self, options):
+        return options[self.rng.randrange(len(options))]
+
+
+def describe(args: tuple, names: list[str], note: str = "") -> str:
+    """A generated case in a few words: lists and small tensors by value, larger tensors by shape."""
+
+    def one(x) -> str:
+        if isinstance(x, Tensor):
+            if x.numel() <= 6:
+                return repr([round(v, 4) if isinstance(v, float) else v for v in x.flatten().tolist()]) + (
+                    f" (shape {list(x.shape)})" if x.ndim != 1 else "")
+            return f"[{', '.join(map(str, x.shape))}]"
+        if isinstance(x, (list, tuple)) and len(x) <= 12:
+            return repr(type(x)(round(v, 4) if isinstance(v, float) else v for v in x))
+        if isinstance(x, (list, tuple)):
+            return f"a {type(x).__name__} of {len(x)}"
+        return repr(x) if isinstance(x, (int, float, str)) else type(x).__name__
+
+    parts = ", ".join(f"{n}={one(a)}" for n, a in zip(names, args))
+    return parts + (f"; {note}" if note else "")

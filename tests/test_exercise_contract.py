@@ -1,0 +1,85 @@
+"""The contract every check keeps, found by name so a new chapter's checks are held to it too: each
+``check_*`` of each ``chNN`` module is guarded, stops a runaway loop with a bare ``except``,
+states every identity of its text on every case, and says the same thing every time."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import pkgutil
+import time
+
+import pytest
+import torch
+
+import attncircuits.course.exercises as ex
+from attncircuits.course.exercises import Case, Identity, _core, run_check
+
+MODULES = sorted(m.name for m in pkgutil.iter_modules(ex.__path__) if m.name[:2] == "ch" and m.name[2:].isdigit())
+CHECKS = [(m, n) for m in MODULES for n in importlib.import_module(f"{ex.__name__}.{m}").__all__
+          if n.startswith("check_")]
+
+
+def _stubborn(*args, **kwargs):
+    while True:
+        try:
+            time.sleep(0.05)
+        except:  # noqa: E722 - the learner's bare except must not keep the loop alive
+            pass
+
+
+@pytest.mark.parametrize("module,name", CHECKS)
+def test_every_check_stops_a_runaway_loop_with_a_bare_except(module, name, capsys, monkeypatch):
+    monkeypatch.setattr(_core.run_check, "__kwdefaults__", {**_core.run_check.__kwdefaults__, "time_limit": 0.5})
+    monkeypatch.setattr(_core, "MIN_CALL_LIMIT", 0.3)
+    check = getattr(importlib.import_module(f"{ex.__name__}.{module}"), name)
+    t = time.perf_counter()
+    assert check(_stubborn) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗") and "too slow" in out, out
+    assert time.perf_counter() - t < 45, f"{name} held a runaway loop {time.perf_counter() - t:.0f} s"
+
+
+def test_every_identity_holds_on_every_case(capsys):
+    from exercise_table import outcome, reference_rows
+
+    for row in reference_rows():
+        assert outcome(row)[0] == "ok", row.check
+    stated = [(name, cases, ids) for name, (cases, ids) in _core.CASES_RUN.items() if ids]
+    assert {name for name, _, _ in stated} >= {"ch10.check_frozen_ln"}
+    assert {r.check for r in reference_rows()} <= set(_core.CASES_RUN), "a check's cases were not recorded"
+    for name, cases, ids in stated:
+        for case in cases:
+            for identity in ids:
+                assert identity.holds(*case.args), f"{name}: {case.label}: not {identity.text}"
+
+
+def test_generated_cases_are_the_same_every_time(capsys):
+    from attncircuits.course.exercises import ch10
+
+    wrong = lambda v: 0.0 if len(v) == 3 else ch10.loss_bump(v)  # noqa: E731
+    outs = []
+    for _ in range(2):
+        ch10.check_loss_bump(wrong)
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "generated case" in outs[0], outs
+
+
+def test_a_changed_input_a_wrong_type_and_an_identity_are_the_machinerys():
+    ref = lambda x: float(x.sum())  # noqa: E731
+    cases = [Case("three numbers", (torch.tensor([1.0, 2.0, 3.0]),))]
+    say = []
+
+    for fn, words in ((lambda x: float(x.mul_(1).add_(1).sum() - 3), "changed `x` in place"),
+                      (lambda x: x.sum(), "returns a 0-d tensor; the exercise asks for a float"),
+                      (lambda x: int(x.sum()), "returns an int")):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert run_check(fn, cases, ref, name="s", returns=float) is False
+        say.append(buf.getvalue())
+        assert words in " ".join(buf.getvalue().split()), buf.getvalue()
+    gen = run_check(lambda x: float(x.sum()), cases, ref, name="g", returns=float,
+                    generate=lambda d: (d.randn(d.int(1, 4)),), identities=[Identity("finite", lambda x: True)])
+    cases_run = _core.CASES_RUN["test_exercise_contract.test_a_changed_input_a_wrong_type_and_an_identity_are_the_machinerys"]
+    assert gen is True and len(cases_run[0]) == 1 + _core.N_GENERATED
