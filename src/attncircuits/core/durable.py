@@ -1,6 +1,6 @@
 """Writing files so that a crash, a kill or a full disk leaves either the old state or the new one.
 
-The ground floor of ``pretrained.py`` (checkpoints) and ``run_folder.py`` (a training run's output
+The ground floor of ``checkpoints/pretrained.py`` and ``train/run_folder.py`` (a training run's output
 folder): data is flushed to the disk (fsync) before the rename that makes it visible, and the rename
 is flushed with its folder. ``hold_signals`` keeps Ctrl-C (and SIGTERM) from cutting such a
 sequence in two: the first one waits for the end of the block, a second one interrupts at once.

@@ -42,7 +42,7 @@ MIN_TRAIN_TOKENS = 500_000
 #: training flags per model (besides --preset, --corpus-files, --tokenizer, --out): the shipped
 #: presets (batch mix, rate, cosine decay to 10%) with fewer steps, split so that the 2-layer model,
 #: in one process, takes about as long as the other two one after the other in another
-#: (trainset.LANES). The search, on SQLAlchemy's source (8.6 MB; 2.14 M training tokens at 2,048
+#: (sets.LANES). The search, on SQLAlchemy's source (8.6 MB; 2.14 M training tokens at 2,048
 #: tokens), every chapter run on each set (claims held of 181; 180 before chapter 7 could run on a
 #: set whose heads still rise at its last snapshot):
 #:

@@ -4,7 +4,7 @@ end that is a transaction.
 Layout (every name below is written by this module; nothing else in the folder is ever removed)::
 
     in-progress.json   PARTIAL_MARKER: written first; which process runs (pid, command, start)
-    run.json           the run's id: settings, corpus contents, tokenizer hash (see train_cli.py)
+    run.json           the run's id: settings, corpus contents, tokenizer hash (see cli.py)
     tokenizer.json corpus/    what the run trains on, when it made them
     resume/            what --resume continues from (resume.new/ and resume.old/ while it is saved)
     final.new/ final/  the finished model while it is written / once it is complete and durable
