@@ -33,7 +33,7 @@ from safetensors.numpy import load_file as np_load_file
 from safetensors.torch import load_file
 
 from attncircuits.checkpoints import modelset
-from attncircuits.core import durable, validate
+from attncircuits.core import devices, durable, validate
 from attncircuits.core.manifest import read_manifest, save_weights, sha256, verify_file, verify_manifest, write_manifest
 from attncircuits.data import load_tokenizer
 from attncircuits.models import hooked
@@ -251,15 +251,7 @@ def _build(cfg, weights: Path, device):
 
 def check_device(device) -> torch.device:
     """``device`` as a torch.device this machine has, or a one-line error naming the ones it has."""
-    have = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
-        ["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"device {device!r} is not a device; use one of {', '.join(have)}") from None
-    if dev.type not in have or (dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count()):
-        raise ValueError(f"device {device!r} is not available here; use one of {', '.join(have)}")
-    return dev
+    return devices.check(device)
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:

@@ -37,7 +37,7 @@ from attncircuits.checkpoints.pretrained import (
     state_dict_for_save,
     write_checkpoint_files,
 )
-from attncircuits.core import durable
+from attncircuits.core import devices, durable
 from attncircuits.core.manifest import save_weights, sha256, verify_manifest
 from attncircuits.models.hooked import model_config
 from attncircuits.train import run_folder
@@ -95,21 +95,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def check_device(name: str | None) -> str | None:
+    """``--device`` checked against this machine's devices (:mod:`attncircuits.core.devices`)."""
     if name is None:
         return None
     try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise Refused(f"--device {name!r} is not a device; use cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise Refused(f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise Refused(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise Refused(f"--device {name}: MPS is not available here; use --device cpu")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise Refused(f"--device {name}: training runs on cpu, cuda or mps")
+        devices.check(name, "--device")
+    except ValueError as err:
+        raise Refused(str(err)) from None
     return name
 
 

@@ -27,7 +27,7 @@ from attncircuits import data
 from attncircuits.analysis.losses import in_context_learning_score, repeated_token_loss
 from attncircuits.analysis.scores import prefix_matching_scores, previous_token_scores
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
-from attncircuits.core import durable, validate
+from attncircuits.core import devices, durable, validate
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.parts import loss_fn
 from attncircuits.models.transformer import Transformer
@@ -128,13 +128,8 @@ def memory_limit_bytes() -> int:
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    if device:
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """``device`` checked, or the best this machine has (:func:`attncircuits.core.devices.pick`)."""
+    return devices.pick(device)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
