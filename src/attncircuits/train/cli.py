@@ -129,10 +129,11 @@ def check_args(args) -> tuple[dict, TrainConfig, Path]:
     problems += [f"--{name.replace('_', '-')} {what.replace('random_repeat_frac', '--random-repeat-frac')}"
                  for name, what in cfg.problems()]
     if not problems:  # a step must fit in memory (the vocabulary is at most the preset's)
-        need, limit = step_memory_bytes(model_config(model_kw), cfg.batch_size), memory_limit_bytes()
-        need += 8 * cfg.eval_batches * cfg.batch_size * model_config(model_kw).n_ctx  # the validation windows
+        model_cfg = model_config(model_kw)
+        need, limit = step_memory_bytes(model_cfg, cfg.batch_size), memory_limit_bytes()
+        need += 8 * cfg.eval_batches * cfg.batch_size * model_cfg.n_ctx  # the validation windows
         if need > limit:
-            per_row = step_memory_bytes(model_config(model_kw), 1) - step_memory_bytes(model_config(model_kw), 0)
+            per_row = step_memory_bytes(model_cfg, 1) - step_memory_bytes(model_cfg, 0)
             problems.append(f"--batch-size {cfg.batch_size} needs about {need / 2**30:,.1f} GiB a step, more than the "
                             f"{limit / 2**30:.1f} GiB allowed (half this machine's memory); use --batch-size "
                             f"<= {max(1, limit // per_row // (1 + cfg.eval_batches))}")
