@@ -173,7 +173,7 @@ def course_hooked_class():
             return logits, cache
 
         def to_logits(self, resid):
-            return self.unembed(self.ln_final(resid))
+            return self.unembed(self.ln_final(resid) if hasattr(self, "ln_final") else resid)
 
         def folded(self):
             """A copy with LayerNorm folded into the weights that read the residual stream (and the
@@ -194,6 +194,39 @@ def course_hooked_class():
             return super().to(*args, print_details=print_details, **kwargs)
 
     return CourseHookedTransformer
+
+
+@dataclass(frozen=True)
+class TLFeatures:
+    """Which member of the family a TransformerLens model someone else built is (what
+    :func:`attncircuits.models.interface.features` reads)."""
+
+    n_layers: int
+    positions: str
+    d_mlp: int
+    layernorm: bool
+
+
+_TL_POSITIONS = {"shortformer": "sinusoidal-qk", "standard": "learned", "rotary": "rotary"}
+
+
+def adopt(tl_model) -> "HookedTransformer":
+    """A ``HookedTransformer`` built outside the course, given the course's model interface in
+    place (:mod:`attncircuits.models.interface`): the same object, its weights and hooks untouched,
+    so the course's detectors and callbacks run on it. A course model is returned as it is."""
+    if hasattr(tl_model, "course_config"):
+        return tl_model
+    tl = require_transformer_lens()
+    if not isinstance(tl_model, tl.HookedTransformer):
+        raise TypeError(f"expected a course model or a TransformerLens HookedTransformer, got {type(tl_model).__name__}")
+    c = tl_model.cfg
+    if c.positional_embedding_type not in _TL_POSITIONS:
+        raise ValueError(f"positional_embedding_type={c.positional_embedding_type!r} is not a position scheme the course "
+                         f"reads; use one of {', '.join(map(repr, _TL_POSITIONS))}")
+    tl_model.__class__ = course_hooked_class()
+    tl_model.course_cfg = TLFeatures(c.n_layers, _TL_POSITIONS[c.positional_embedding_type],
+                                     0 if c.attn_only else (c.d_mlp or 0), c.normalization_type is not None)
+    return tl_model
 
 
 def model_config(d: Mapping) -> ModelConfig | HookedConfig:

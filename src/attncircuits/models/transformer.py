@@ -127,7 +127,8 @@ class Attention(nn.Module):
         bias = torch.zeros(cfg.n_ctx, cfg.n_ctx).masked_fill(future, float("-inf"))
         self.register_buffer("causal_bias", bias, persistent=False)
 
-    def forward(self, resid, pos, cache, pattern_replace, out_replace, rotary=None):
+    def forward(self, resid, pos, cache, pattern_replace, out_replace,
+                rotary=None):
         b, n, d_model = resid.shape
         H, d_head = self.W_Q.shape[0], self.W_Q.shape[2]
         # Positions enter queries and keys only; values read the stream.
@@ -137,7 +138,7 @@ class Attention(nn.Module):
         k = (qk_in @ self.W_K.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
         v = (resid @ self.W_V.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
         q, k, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if rotary is not None:  # rotary positions: queries and keys turned by their position
+        if rotary is not None:  # queries and keys turned by their position
             q, k = rotate(q, *rotary), rotate(k, *rotary)
         if cache is None and not pattern_replace:
             # no pattern wanted: a fused kernel that never forms it
@@ -168,8 +169,9 @@ class Attention(nn.Module):
 
 
 class Transformer(nn.Module):
-    """``logits = (W_E[tokens] + Σ_layers Σ_heads head_out) @ W_U`` in the attention-only members;
-    the others add their MLPs' outputs to the stream and normalise what each part reads."""
+    """``logits = (W_E[tokens] + Σ_layers Σ_heads head_out) @ W_U``
+    in the attention-only members; the others add their MLPs' outputs
+    to the stream and normalise what each part reads."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

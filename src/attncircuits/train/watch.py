@@ -1,0 +1,162 @@
+"""Watch your own model: a training callback that scores every head with the course's detectors and
+says when induction heads form.
+
+Works in any training loop, the course's or your own plain PyTorch or TransformerLens one::
+
+    watch = HeadWatch(model, every=100)
+    for step in range(n_steps):
+        ...  # your forward, backward and optimiser step
+        watch(step)
+    print(watch.report())
+
+Every ``every`` steps it scores the heads on random tokens repeated (prefix matching, duplicate
+token) and, given ``text``, on real text (previous token), from the detector registry
+(:data:`attncircuits.analysis.scores.DETECTORS`); keeps one row per step in ``rows``; shows them
+(a table and a figure updated in place in a notebook, one plain line per step in a terminal); and
+reports the phase change once: the first step at which a head's prefix-matching score reaches
+``threshold``, the heads that did, and the previous-token heads they compose with (their
+K-composition, as chapter 5 reads it). The model is put back in the mode it was in.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from attncircuits.analysis.circuits import composition_scores
+from attncircuits.analysis.scores import DETECTORS, Probe
+from attncircuits.core import validate
+from attncircuits.core.heads import Head, head_name
+from attncircuits.models.hooked import adopt
+from attncircuits.models.interface import features
+
+
+@dataclass
+class PhaseChange:
+    """The first step a head's prefix-matching score reached the threshold."""
+
+    step: int
+    induction_heads: list[tuple[Head, float]]  # the heads at or over the threshold, best first
+    writers: list[tuple[Head, Head, float]]  # (induction head, previous-token head, K-composition z)
+
+    def describe(self) -> str:
+        heads = ", ".join(f"{head_name(*h)} ({s:.2f})" for h, s in self.induction_heads)
+        line = f"phase change at step {self.step:,}: induction heads {heads}"
+        if self.writers:
+            line += "; K-composition from " + ", ".join(
+                f"{head_name(*w)} into {head_name(*r)} (z {z:.1f})" for r, w, z in self.writers)
+        return line
+
+
+@dataclass
+class HeadWatch:
+    """Scores every head every ``every`` steps and says when induction heads form (see the module)."""
+
+    model: object
+    every: int = 100
+    text: torch.Tensor | None = None  # [batch, pos] token windows of real text, for the previous-token score
+    seq_len: int | None = None  # random tokens per copy; None: the longest that fits 4 copies, at most 25
+    n_repeats: int = 4
+    threshold: float = 0.4
+    display: str = "auto"  # "notebook", "terminal", "none", or "auto" (notebook when one is running)
+    rows: list[dict] = field(default_factory=list)
+    phase_change: PhaseChange | None = None
+
+    def __post_init__(self):
+        if not hasattr(self.model, "course_config"):
+            self.model = adopt(self.model)
+        if features(self.model)["n_layers"] < 1:
+            raise ValueError("this model has no attention layers (n_layers=0), so it has no heads to watch; "
+                             "give a model with at least one layer")
+        self.every = validate.count(self.every, "every")
+        self.n_repeats = validate.count(self.n_repeats, "n_repeats", 2, why="prefix matching reads the later copies")
+        n_ctx = self.model.cfg.n_ctx
+        longest = validate.max_repeat_len(n_ctx, self.n_repeats)
+        if longest < 2:
+            raise ValueError(f"the context of {n_ctx} tokens holds no {self.n_repeats} copies of 2 random tokens after "
+                             f"a start token; use n_repeats=2 or a context of at least {2 * self.n_repeats + 1}")
+        self.seq_len = min(25, longest) if self.seq_len is None else self.seq_len
+        validate.repeats(self.seq_len, self.n_repeats, n_ctx)  # one line naming the longest that fits
+        self.threshold = validate.number(self.threshold, "threshold", 0, above=True)
+        if self.display not in ("auto", "notebook", "terminal", "none"):
+            raise ValueError(f"display={self.display!r}; use 'auto', 'notebook', 'terminal' or 'none'")
+        if self.display == "auto":
+            self.display = "notebook" if "ipykernel" in sys.modules else "terminal"
+        self._handle = None
+
+    def __call__(self, step: int) -> dict | None:
+        """Score the heads if ``step`` is a multiple of ``every`` (and step 0); returns the row or None."""
+        if step % self.every:
+            return None
+        return self.score(step)
+
+    @torch.no_grad()
+    def score(self, step: int) -> dict:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            probe = Probe(self.text, self.seq_len, self.n_repeats, seed=0)
+            names = [n for n in ("previous_token", "prefix_matching", "duplicate_token")
+                     if self.text is not None or not DETECTORS[n].needs_text]
+            row = {"step": int(step), **{n: DETECTORS[n].fn(self.model, probe).cpu() for n in names}}
+        finally:
+            self.model.train(was_training)
+        self.rows.append(row)
+        if self.phase_change is None and float(row["prefix_matching"].max()) >= self.threshold:
+            self.phase_change = self._phase_change(row)
+        self._show(row)
+        return row
+
+    def _phase_change(self, row: dict) -> PhaseChange:
+        pm = row["prefix_matching"]
+        heads = sorted(((divmod(i, pm.shape[1]), float(v)) for i, v in enumerate(pm.flatten()) if v >= self.threshold),
+                       key=lambda hs: -hs[1])
+        writers = []
+        for (layer, h), _ in heads:
+            if layer == 0:
+                continue
+            below = layer - 1 if "previous_token" not in row else int(row["previous_token"][:layer].max(-1).values.argmax())
+            comp = composition_scores(self.model, below, layer, n_baseline=100)
+            z = comp.z("k")[:, h]
+            writers.append(((layer, h), (comp.writer_layer, int(z.argmax())), float(z.max())))
+        return PhaseChange(row["step"], heads, writers)
+
+    def _line(self, row: dict) -> str:
+        parts = [f"step {row['step']:>6,}"]
+        for name in ("previous_token", "prefix_matching", "duplicate_token"):
+            if name in row:
+                s = row[name]
+                best = divmod(int(s.argmax()), s.shape[1])
+                parts.append(f"{DETECTORS[name].column} {float(s.max()):.2f} ({head_name(*best)})")
+        return ", ".join(parts)
+
+    def _show(self, row: dict) -> None:
+        if self.display == "none":
+            return
+        note = self.phase_change.describe() if self.phase_change and self.phase_change.step == row["step"] else ""
+        if self.display == "terminal":
+            print(self._line(row) + (f"\n{note}" if note else ""), flush=True)
+            return
+        from IPython.display import HTML, display
+
+        html = HTML(self._html())
+        if self._handle is None:
+            self._handle = display(html, display_id=True)
+        else:
+            self._handle.update(html)
+
+    def _html(self) -> str:
+        lines = "".join(f"<div>{self._line(r)}</div>" for r in self.rows[-8:])
+        note = f"<b>{self.phase_change.describe()}</b>" if self.phase_change else "no induction head yet"
+        return f"<div style='font-family:monospace;font-size:12px'>{lines}<div>{note}</div></div>"
+
+    def report(self) -> str:
+        """One line: the phase change, or that none happened in the steps watched."""
+        if self.phase_change is not None:
+            return self.phase_change.describe()
+        last = self.rows[-1]["step"] if self.rows else None
+        best = max((float(r["prefix_matching"].max()) for r in self.rows), default=float("nan"))
+        return (f"no phase change in the steps watched (to step {last:,}): the best prefix-matching score was "
+                f"{best:.2f}, under threshold={self.threshold}" if self.rows else "no step watched yet: call watch(step)")
