@@ -168,7 +168,8 @@ def course_hooked_class():
                 cache.resid.append(tl_cache["resid_pre", layer])
                 cache.add_layer(tl_cache["attn_scores", layer], tl_cache["pattern", layer], tl_cache["v", layer],
                                 tl_cache["z", layer], self.blocks[layer].attn.W_O)
-                cache.mlp_out.append(tl_cache["mlp_out", layer])
+                if not self.cfg.attn_only:
+                    cache.mlp_out.append(tl_cache["mlp_out", layer])
             cache.resid.append(tl_cache["resid_post", self.cfg.n_layers - 1])
             return logits, cache
 
