@@ -20,7 +20,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train replicate train-mine bench clean venv screenshots
+.PHONY: book book-assets test train replicate family train-mine bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -150,6 +150,13 @@ train: venv
 SEED ?= 1
 replicate: venv
 	$(PY) -m attncircuits.train.replicate --seed $(SEED)
+
+# The family of chapter 11: 15 models (1-6 layers attention-only and with MLPs and LayerNorm, and the
+# 2-layer model with each position scheme) on one recipe, two at a time, into results/family/seed-N
+# (default seed 0, the committed results); the same command resumes an interrupted run.
+FAMILY_SEED ?= 0
+family: venv
+	$(PY) -m attncircuits.train.family --seed $(if $(filter command line,$(origin SEED)),$(SEED),$(FAMILY_SEED))
 
 # The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
 # models, fewer steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that

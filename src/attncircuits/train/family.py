@@ -61,8 +61,9 @@ def member_configs(name: str, seed: int = 0):
 
 def recipe_id(seed: int) -> dict:
     """What makes two results files comparable: the members' configs and the recipe."""
-    return {"seed": seed, "recipe": {k: v for k, v in vars(member_configs("attn-2l", seed)[1]).items()},
-            "members": {n: member_configs(n, seed)[0].to_dict() for n in MEMBERS}}
+    rid = {"seed": seed, "recipe": vars(member_configs("attn-2l", seed)[1]),
+           "members": {n: member_configs(n, seed)[0].to_dict() for n in MEMBERS}}
+    return json.loads(json.dumps(rid))  # as it reads back from recipe.json
 
 
 def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
@@ -101,15 +102,20 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
 
 
 def _worker(args):
-    name, seed, out = args
+    name, seed, out, streams = args
     try:
-        r = train_member(name, seed, out)
+        r = train_member(name, seed, out, streams)
         return name, f"{r['wall_s']:.0f} s"
     except TrainingInterrupted:
         return name, "interrupted (its state is kept)"
 
 
-def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out: Path | None = None) -> Path:
+def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out: Path | None = None,
+        streams=None) -> Path:
+    """Train every member of the family not yet in ``out`` (default ``results/family/seed-N``),
+    ``processes`` at a time, and print the closing table; a results folder of another recipe is
+    refused before anything is trained. ``streams`` (train, validation tokens) replaces the live
+    recipe's (tests pass small ones)."""
     out = out or RESULTS / f"seed-{seed}"
     out.mkdir(parents=True, exist_ok=True)
     rid = recipe_id(seed)
@@ -117,12 +123,19 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
     if id_file.is_file() and json.loads(id_file.read_text()) != rid:
         raise SystemExit(f"{id_file} was written by another recipe; move {out} away to train this one")
     durable.write_text(id_file, json.dumps(rid, indent=1) + "\n")
-    todo = [n for n in (members or MEMBERS) if not (out / f"{n}.json").is_file()]
-    print(f"family seed {seed}: {len(MEMBERS) - len(todo)} of {len(MEMBERS)} members done, training {len(todo)}", flush=True)
-    live_streams(256)  # tokenize once here so the workers find it warm on disk
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        for name, what in pool.imap_unordered(_worker, [(n, seed, out) for n in todo]):
-            print(f"  {name}: {what}", flush=True)
+    asked = list(members or MEMBERS)
+    todo = [n for n in asked if not (out / f"{n}.json").is_file()]
+    print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)}", flush=True)
+    jobs = [(n, seed, out, streams) for n in todo]
+    if processes == 1:  # here, one after the other
+        done = map(_worker, jobs)
+    else:  # side by side, one thread each: these small models use a core about as well as two
+        pool = multiprocessing.get_context("spawn").Pool(processes)
+        done = pool.imap_unordered(_worker, jobs)
+    for name, what in done:
+        print(f"  {name}: {what}", flush=True)
+    if processes != 1:
+        pool.close()
     print(table(out))
     return out
 

@@ -1,0 +1,70 @@
+"""make family's machinery on tiny budgets: members trained and written, a second run trains
+nothing, a results folder of another recipe is refused, an interrupted member resumes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from attncircuits.train import family
+
+
+STREAMS = tuple(np.random.default_rng(i).integers(0, 256, n).astype(np.uint16) for i, n in ((0, 20_000), (1, 4_000)))
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(family, "RECIPE", {"steps": 50, "eval_every": 25, "eval_batches": 1})
+    monkeypatch.setattr(family, "N_WINDOWS", 2)
+
+
+def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsys):
+    out = family.run(seed=0, processes=1, members=["attn-1l", "ln-mlp-1l"], out=tmp_path / "seed-0", streams=STREAMS)
+    res = family.load(out)
+    assert sorted(res) == ["attn-1l", "ln-mlp-1l"]
+    for r in res.values():
+        assert r["history"]["step"] == [0, 25, 50]
+        assert r["per_token"].shape == (3, 2 * 63)  # every evaluation, every (window, position)
+        assert set(r["final_scores"]) >= {"previous_token", "prefix_matching", "duplicate_token", "copying"}
+    assert not list(out.glob("*.partial.pt"))
+    assert "ln-mlp-1l" in capsys.readouterr().out
+    family.run(seed=0, processes=1, members=["attn-1l", "ln-mlp-1l"], out=out, streams=STREAMS)
+    assert "2 of 2 members done, training 0" in capsys.readouterr().out
+
+
+def test_a_folder_of_another_recipe_is_refused(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "seed-0"
+    family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)
+    monkeypatch.setattr(family, "RECIPE", {"steps": 75, "eval_every": 25, "eval_batches": 1})
+    with pytest.raises(SystemExit, match="written by another recipe"):
+        family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)
+
+
+def test_an_interrupted_member_resumes_from_its_last_evaluation(tiny, tmp_path, monkeypatch):
+    from attncircuits.train import loop
+
+    out = tmp_path / "seed-0"
+    out.mkdir()
+    real = loop.evaluate
+    calls = {"n": 0}
+
+    def stop_after_two(model, val_batches):
+        calls["n"] += 1
+        if calls["n"] == 3:  # at step 50: Ctrl-C after two evaluations were saved
+            raise loop.TrainingInterrupted(50)
+        return real(model, val_batches)
+
+    monkeypatch.setattr(loop, "evaluate", stop_after_two)
+    with pytest.raises(loop.TrainingInterrupted):
+        family.train_member("attn-1l", 0, out, STREAMS)
+    assert (out / "attn-1l.partial.pt").is_file()
+    monkeypatch.setattr(loop, "evaluate", real)
+    r = family.train_member("attn-1l", 0, out, STREAMS)
+    assert r["history"]["step"] == [0, 25, 50]
+    assert json.loads((out / "attn-1l.json").read_text())["history"]["step"] == [0, 25, 50]
+    assert not (out / "attn-1l.partial.pt").exists()
+
+
+def test_an_unknown_member_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="no family member 'attn-9l'; the members are attn-1l"):
+        family.member_configs("attn-9l")
