@@ -56,6 +56,7 @@ def test_a_tiny_set_is_read_by_the_course_and_checked_by_claims(tiny_set, monkey
     assert ck.model.cfg.d_vocab == 300 and ck.snapshot_steps == [0, 2]
     windows = pretrained.validation_windows(n_ctx=ck.model.cfg.n_ctx)
     assert int(windows.max()) < 300 and pretrained.corpus_info()["train_files"] + pretrained.corpus_info()["validation_files"] == 40
+    assert pretrained.corpus_info()["source"] == "40 local text files; held out for validation: whole files"
     # the headline numbers of an untrained set: measured, not asserted
     nums = headline_numbers(tiny_set)["models"]
     assert set(nums) == set(modelset.SET_MODEL_NAMES) and nums["attn-only-2l"]["steps"] == 4
