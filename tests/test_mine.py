@@ -253,7 +253,7 @@ def test_a_tiny_set_is_marked_not_trained_enough_and_chapter_1_says_so_first(tin
     assert [c["text"] for c in info["checks"]] == [c.text for c in enough.evaluate(
         dict.fromkeys(enough.NAMES, 1.0), 0.0, 0.0)]
     by_text = {c["text"]: c for c in info["checks"]}
-    induction = by_text["the 2-layer model has an induction head (prefix matching over 0.3)"]
+    induction = by_text["the 2-layer model has an induction head, a prefix-matching score over 0.3"]
     assert not induction["held"] and induction["measured"] < 0.3  # 4 steps grow no induction head
     assert info["failed"] == [enough.Check(**c).line() for c in info["checks"] if not c["held"]]
     assert info["train_further"] == f"make train-mine CORPUS='{corpus}/**/*.py' OUT={tiny_set} STEPS=8"
@@ -317,3 +317,18 @@ def test_the_readme_and_setup_page_state_the_numbers_the_code_uses():
     assert f"over {split.MAX_REPEATED:.0%} of the validation text's distinct lines" in readme
     assert f"chapter 1's noise of {enough.NOISE} nats" in readme and f"over {enough.INDUCTION}" in readme
     assert f"fell less than {enough.STILL_FALLING} nats over the last tenth" in readme
+
+
+def test_the_command_refuses_in_one_line_before_any_training(corpus, tmp_path, capsys):
+    echo = tmp_path / "echo"
+    echo.mkdir()
+    (echo / "one.txt").write_text("the same line again\n" * 5000)  # one file, one line: refused alike
+    for argv, why in (([f"{corpus}/**/*.py"], "the corpus is too small: "),
+                      ([f"{echo}/*.txt"], "the corpus repeats itself: 100% of"),
+                      ([f"{corpus}/**/*.py", "--steps", "0"], "--steps must be a whole number >= 1")):
+        with pytest.raises(SystemExit) as stop:
+            mine.main([*argv, "--out", str(tmp_path / "set")])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"python -m attncircuits.train.mine: error: {why}"), err
+    assert not (tmp_path / "set").exists()

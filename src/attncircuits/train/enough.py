@@ -65,10 +65,10 @@ def evaluate(losses: dict[str, float], best_prefix_matching: float, fall: float)
     return [
         Check(f"the 1-layer model beats the 0-layer one by over {NOISE} nats", l0 - l1 > NOISE, l0 - l1),
         Check(f"the 2-layer model beats the 1-layer one by over {NOISE} nats", l1 - l2 > NOISE, l1 - l2),
-        Check(f"the 2-layer model has an induction head (prefix matching over {INDUCTION})",
+        Check(f"the 2-layer model has an induction head, a prefix-matching score over {INDUCTION}",
               best_prefix_matching > INDUCTION, best_prefix_matching),
-        Check(f"the 2-layer model's validation loss stopped falling (under {STILL_FALLING} nats over the "
-              "last tenth of training)", bool(fall < STILL_FALLING), fall),
+        Check(f"the 2-layer model's validation loss fell under {STILL_FALLING} nats over the last tenth of "
+              "training", bool(fall < STILL_FALLING), fall),
     ]
 
 

@@ -195,8 +195,9 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
             prepare_corpus(vocab, corpus_dir, corpus=corpus, tokenizer_path=tok_path)
         finally:
             tok_path.unlink(missing_ok=True)
-    else:  # the checks of an earlier run no longer apply once the models change
-        (out / modelset.SET_FILE).write_text(json.dumps(info) + "\n")
+    else:  # this command (its STEPS resume a half-written model); the last checks stand until new ones
+        kept = {k: old[k] for k in ("checks", "failed", "train_further") if old is not None and k in old}
+        (out / modelset.SET_FILE).write_text(json.dumps({**info, **kept}, indent=1) + "\n")
     flags = {}
     for name in modelset.SET_MODEL_NAMES:
         flags[name] = ["--preset", name, "--corpus-files", *map(str, files),
