@@ -161,10 +161,14 @@ family: venv
 # The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
 # models, fewer steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that
 # points the course at them.
-# make train-mine CORPUS='path/**/*.py' OUT=DIR   (quote the pattern; rerun to continue)
+# make train-mine CORPUS='path/**/*.py' OUT=DIR [STEPS=N]   (quote the patterns, one or several
+# separated by spaces; rerun to continue;
+# STEPS: the 2-layer model's steps, default 5,000, the others scaled alike: what the command says
+# to run when its models are not trained enough for the chapters)
+STEPS ?=
 train-mine: venv
-	@test -n "$(CORPUS)" -a -n "$(OUT)" || { echo "usage: make train-mine CORPUS='path/**/*.py' OUT=DIR" >&2; exit 2; }
-	$(PY) -m attncircuits.train.mine '$(CORPUS)' --out '$(OUT)'
+	@test -n "$(CORPUS)" -a -n "$(OUT)" || { echo "usage: make train-mine CORPUS='path/**/*.py' OUT=DIR [STEPS=N]" >&2; exit 2; }
+	$(PY) -m attncircuits.train.mine $(foreach p,$(CORPUS),'$(p)') --out '$(OUT)' $(if $(STEPS),--steps '$(STEPS)')
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv

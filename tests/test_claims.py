@@ -78,3 +78,55 @@ def test_a_claim_that_cannot_be_true_or_false_is_refused(ok, why):
 def test_a_claim_must_say_what_it_claims(text):
     with pytest.raises(TypeError, match="text must say what is claimed"):
         claims.claim(text, True)
+
+
+def test_a_claim_about_the_corpus_says_so_and_is_counted_apart(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "claims.jsonl"
+    monkeypatch.setenv(claims.LOG_ENV, str(log))
+    with pytest.raises(AssertionError, match=r"^claim about the corpus not held: ·self is one token \(measured: 3\)$"):
+        claims.claim("·self is one token", False, 3, about="corpus")  # on the shipped models: an assertion
+    claims.reset()
+    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+    assert claims.claim("·return is one token", False, [False], about="corpus") is False
+    assert claims.claim("each layer helps", True, 0.1) is True
+    assert claims.claim("an induction head", False, 0.2) is False
+    assert capsys.readouterr().out == ("claim about the corpus not held: ·return is one token (measured: [False])\n"
+                                       "claim not held: an induction head (measured: 0.2)\n")
+    assert claims.summary().splitlines() == [
+        f"1 of 2 claims held on the models in {tmp_path / 'mine'}",
+        "  not held: an induction head (measured: 0.2)",
+        "and 0 of 1 claims about the corpus and tokenizer",
+        "  not held: ·return is one token (measured: [False])",
+    ]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["about"] for r in rows] == ["corpus", "corpus", "recipe", "recipe"]
+    with pytest.raises(ValueError, match=r"about must be one of \('recipe', 'corpus'\), got 'text'"):
+        claims.claim("x", True, about="text")
+
+
+def test_the_models_notice_says_what_train_mine_found_not_trained_enough(tmp_path, monkeypatch, capsys):
+    assert claims.models_notice() == "" and capsys.readouterr().out == ""  # the shipped models
+    s = tmp_path / "a-set-with-a-long-name"
+    s.mkdir()
+    monkeypatch.setenv(ENV, str(s))
+    assert claims.models_notice() == ""  # no set.json (a replicate made by hand)
+    (s / "set.json").write_text(json.dumps({"kind": "own corpus", "failed": []}))
+    assert claims.models_notice() == ""  # every check held
+    command = f"make train-mine CORPUS='/data/books/**/*.txt' OUT={s} STEPS=10000"
+    (s / "set.json").write_text(json.dumps({"failed": [
+        "the 2-layer model beats the 1-layer one by over 0.05 nats (measured: 0.007)",
+        "the 2-layer model's validation loss stopped falling (measured: 0.100)"], "train_further": command}))
+    text = claims.models_notice()
+    assert capsys.readouterr().out == text + "\n"
+    lines = text.splitlines()
+    assert lines[0].startswith("These models are not trained enough for what the chapters test")
+    assert "beats the 1-layer one by over 0.05 nats (measured: 0.007)" in " ".join(line.strip() for line in lines)
+    at = lines.index("Train further with:")
+    shell = "\n".join(lines[at + 1 :])
+    assert shell == claims.shell_lines(command) and shell.count(" \\\n") == len(lines) - at - 2 >= 1
+    assert shell.replace(" \\\n    ", " ") == command  # what the shell reads
+    # within the column, but for a word longer than it (here the test's long OUT path), never cut
+    assert all(len(line) <= claims.WIDTH or len(line.removesuffix(" \\").split()) == 1 for line in lines)
+    assert claims.shell_lines("make train-mine OUT=x STEPS=8") == "make train-mine OUT=x STEPS=8"
+    (s / "set.json").write_text("{not json")
+    assert claims.models_notice() == ""

@@ -4,6 +4,7 @@ files are never deleted; Ctrl-C keeps a resumable state and --resume finishes th
 import json
 import signal
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,8 +153,9 @@ def test_a_failed_run_leaves_nothing_behind(tmp_path, capsys):
 
 
 def test_load_corpus_takes_one_path_or_several(tmp_path, docs):
-    one = data.load_corpus(docs[0])
-    assert one.train == one.validation and one.train[0][0] == docs[0]
+    one = data.load_corpus(docs[0])  # one file: its head is trained on, its last tenth held out
+    assert [n for n, _ in one.train] == [docs[0]] and [n for n, _ in one.validation] == [docs[0] + " (last tenth)"]
+    assert one.train[0][1] + one.validation[0][1] == Path(docs[0]).read_text()
     assert data.load_corpus(docs) == data.load_corpus([str(d) for d in reversed(docs)])
     with pytest.raises(FileNotFoundError, match=r"corpus files not found: \['nope.txt'\]"):
         data.load_corpus("nope.txt")

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attncircuits import data
+from attncircuits.data import split
 from attncircuits.checkpoints.pretrained import CORPUS_DIR
 
 
@@ -47,7 +48,9 @@ def test_local_files_corpus(tmp_path):
         p.write_text(f"document {i}: the quick brown fox jumps over the lazy dog. " * 5)
         paths.append(p)
     corpus = data.load_corpus(paths)
-    assert len(corpus.train) + len(corpus.validation) == 12 and corpus.validation
+    # twelve files of 8.3% each: no whole files make 9-11%, so each file's last tenth is held out
+    assert corpus.held_out == split.TAILS and len(corpus.train) == len(corpus.validation) == 12
+    assert corpus.describe().startswith("the last tenth of each of 12 files held out: ")
     again = data.load_corpus(reversed(paths))
     assert again == corpus  # order of the input does not matter
     tok = data.train_tokenizer([t for _, t in corpus.train], vocab_size=300)
@@ -58,6 +61,110 @@ def test_local_files_corpus(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(ValueError, match="empty"):
         data.load_corpus([tmp_path / "empty.txt"])
+    (tmp_path / "tiny.txt").write_text("x = 1")
+    with pytest.raises(ValueError, match="too short to hold out a tenth for validation: pass more text"):
+        data.load_corpus([tmp_path / "tiny.txt"])
+
+
+# ---- the split: about a tenth held out, whatever the files look like, no text in both -------------
+WORDS = ("the a river stone light came over under slowly because nobody kept old new green house door "
+         "window road quiet said asked morning evening winter summer").split()
+
+
+def prose(seed: int, n_lines: int) -> str:
+    """Lines of random words (seeded): text that does not repeat itself."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(WORDS), (n_lines, 9), generator=g).tolist()
+    return "".join(" ".join(WORDS[i] for i in row).capitalize() + ".\n" for row in idx)
+
+
+def write(folder, texts):
+    folder.mkdir()
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(folder / f"part{i:03d}.txt")
+        paths[-1].write_text(text)
+    return paths
+
+
+def n_bytes(docs):
+    return sum(len(t.encode()) for _, t in docs)
+
+
+def assert_disjoint(corpus, texts):
+    """No character in both splits: every file is its training part followed by its held-out part,
+    or wholly in one split, and nothing else is in either."""
+    by_name = {}
+    for split_name, docs in (("train", corpus.train), ("validation", corpus.validation)):
+        for name, text in docs:
+            by_name.setdefault(name.removesuffix(split.TAIL_SUFFIX), []).append((split_name, text))
+    assert sorted("".join(t for _, t in parts) for parts in by_name.values()) == sorted(texts)
+    for parts in by_name.values():  # at most a head in train and its tail in validation
+        assert [s for s, _ in parts] in (["train"], ["validation"], ["train", "validation"])
+    names = {n for n, _ in corpus.train} & {n for n, _ in corpus.validation}
+    assert not names
+    share = n_bytes(corpus.validation) / (n_bytes(corpus.train) + n_bytes(corpus.validation))
+    assert 0.08 <= share <= 0.12, share
+
+
+def test_one_file_is_split_into_its_head_and_its_last_tenth(tmp_path):
+    text = prose(0, 2000)
+    corpus = data.load_corpus(write(tmp_path / "one", [text]))
+    assert corpus.held_out == split.TAILS and len(corpus.train) == len(corpus.validation) == 1
+    assert_disjoint(corpus, [text])
+    head, tail = corpus.train[0][1], corpus.validation[0][1]
+    assert head.endswith("\n") and tail[0].isupper()  # cut between two lines
+    # the old rule validated a one-file corpus on its own training text
+    assert tail not in head
+
+
+def test_two_files_are_split_by_tails_or_by_the_small_file(tmp_path):
+    equal = [prose(1, 500), prose(2, 500)]
+    corpus = data.load_corpus(write(tmp_path / "equal", equal))
+    assert corpus.held_out == split.TAILS and len(corpus.validation) == 2
+    assert_disjoint(corpus, equal)
+    big_and_small = [prose(3, 900), prose(4, 100)]  # the small one is 10% of the text: held out whole
+    corpus = data.load_corpus(write(tmp_path / "unequal", big_and_small))
+    assert corpus.held_out == split.WHOLE and [t for _, t in corpus.validation] == [big_and_small[1]]
+    assert_disjoint(corpus, big_and_small)
+
+
+def test_many_files_are_split_by_whole_files(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    sizes = torch.randint(5, 80, (66,), generator=g).tolist()
+    texts = [prose(10 + i, n) for i, n in enumerate(sizes)]
+    corpus = data.load_corpus(write(tmp_path / "many", texts))
+    assert corpus.held_out == split.WHOLE and 3 <= len(corpus.validation) < 20
+    assert_disjoint(corpus, texts)
+    # one file far larger than the rest together: no whole files make 9-11%, so tails
+    texts[0] = prose(99, 40 * sum(sizes))
+    corpus = data.load_corpus(write(tmp_path / "one-large", texts))
+    assert corpus.held_out == split.TAILS
+    assert_disjoint(corpus, texts)
+
+
+def test_tail_cut_keeps_lines_and_words_whole():
+    assert split.tail_cut("a\n" * 50) == 90
+    one_line = "word " * 40
+    assert one_line[split.tail_cut(one_line) - 1] == " "
+    assert split.tail_cut("x" * 100) == 90  # no line break or space near 90%
+    # a line break far from 90% is not taken (it would hold out most of the file)
+    text = "title\n" + "y" * 94
+    assert split.tail_cut(text) == 90
+
+
+def test_repeated_share():
+    lines = prose(7, 400)
+    assert split.repeated_share([("a", lines)], [("b", prose(8, 40))]) < 0.05
+    assert split.repeated_share([("a", "same line\n" * 90)], [("b", "same line\n" * 10)]) == 1.0
+    assert split.repeated_share([("a", "x")], [("b", "  \n")]) == 0.0
+
+
+def test_the_shipped_corpus_is_still_split_by_file_and_repeats_itself_little():
+    corpus = data.load_corpus()
+    assert corpus.held_out == split.BY_HASH
+    assert {n for n, _ in corpus.train}.isdisjoint(n for n, _ in corpus.validation)
+    assert split.repeated_share(corpus.train, corpus.validation) < 0.25  # 0.18 (split.MAX_REPEATED's note)
 
 
 def test_batches():

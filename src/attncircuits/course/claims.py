@@ -13,6 +13,14 @@ an experiment instead: a claim that does not hold prints one line,
 lines indented), and the chapter runs on. Every claim is recorded
 (in this kernel) for :func:`summary`, and, when ``ATTNCIRCUITS_CLAIMS_LOG`` names a file, appended to
 it as one JSON line, so that ``make replicate`` can count the claims that held in each chapter.
+
+A claim about the text rather than the recipe, ``claim(..., about="corpus")`` (the shipped corpus's
+or tokenizer's: "``·return`` is one token", "2.5 to 4.5 bytes a token"), is said so when it does
+not hold on another set and counted apart by :func:`summary` and ``make replicate``: on other text
+it measures that text, not whether the recipe finds the circuits.
+
+:func:`models_notice` is chapter 1's first word on a set that ``make train-mine`` found not trained
+enough for what the chapters test (its ``set.json``, see :mod:`attncircuits.train.enough`).
 """
 
 from __future__ import annotations
@@ -36,9 +44,12 @@ class Claim:
     held: bool
     measured: str
     models: str  # "shipped" or the set's folder
+    about: str = "recipe"  # or "corpus": a claim about the text and tokenizer (see the module's docstring)
 
 
 _record: list[Claim] = []
+#: what a claim may be about
+ABOUT = ("recipe", "corpus")
 
 
 def models_in_use() -> str:
@@ -73,29 +84,40 @@ def _truth(ok) -> bool:
     return ok
 
 
-def claim(text: str, ok, measured=None) -> bool:
+def claim(text: str, ok, measured=None, about: str = "recipe") -> bool:
     """Check one claim: ``ok`` is whether it holds, ``measured`` what was measured (printed when it
-    does not hold). Raises ``AssertionError`` on the shipped models when it does not hold; on another
-    set prints one line and returns False. Returns whether it held."""
+    does not hold), ``about`` "recipe" (what training finds: the default) or "corpus" (a claim about
+    the text and its tokenizer). Raises ``AssertionError`` on the shipped models when it does not
+    hold; on another set prints one line and returns False. Returns whether it held."""
     if not isinstance(text, str) or not text.strip():
         raise TypeError(f"claim: text must say what is claimed, got {text!r}")
+    if about not in ABOUT:
+        raise ValueError(f"claim: about must be one of {ABOUT}, got {about!r}")
     held = _truth(ok)
-    c = Claim(text.strip(), held, _fmt(measured), models_in_use())
+    c = Claim(text.strip(), held, _fmt(measured), models_in_use(), about)
     _record.append(c)
     log = os.environ.get(LOG_ENV, "").strip()
     if log:
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps(asdict(c)) + "\n")
     if not held:
+        what = "claim not held" if about == "recipe" else "claim about the corpus not held"
         if c.models == "shipped":
-            raise AssertionError(f"claim not held: {c.text} (measured: {c.measured})")
-        print(_wrap(f"claim not held: {c.text} (measured: {c.measured})"))
+            raise AssertionError(f"{what}: {c.text} (measured: {c.measured})")
+        print(_wrap(f"{what}: {c.text} (measured: {c.measured})"))
     return held
 
 
 def _wrap(line: str, indent: str = "    ") -> str:
     """``line`` folded to :data:`WIDTH` columns, as the book's column shows a printed line."""
     return textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def shell_lines(command: str) -> str:
+    """``command`` folded to :data:`WIDTH` columns as a shell reads it: each line but the last ends
+    in `` \\``; a word longer than the column (a long path) is never cut."""
+    lines = textwrap.wrap(command, WIDTH - 2, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+    return " \\\n".join(lines)
 
 
 def results() -> list[Claim]:
@@ -109,12 +131,38 @@ def reset() -> None:
 
 
 def summary() -> str:
-    """Print, and return, the count of claims that held and each one that did not (with its value)."""
-    held = [c for c in _record if c.held]
-    failed = [c for c in _record if not c.held]
+    """Print, and return, the count of claims that held and each one that did not (with its value);
+    claims about the corpus (``about="corpus"``) are counted on a line of their own."""
+    recipe = [c for c in _record if c.about == "recipe"]
+    corpus = [c for c in _record if c.about == "corpus"]
     where = "the shipped models" if models_in_use() == "shipped" else f"the models in {models_in_use()}"
-    lines = [f"{len(held)} of {len(_record)} claims held on {where}"]
-    lines += [_wrap(f"  not held: {c.text} (measured: {c.measured})", "      ") for c in failed]
+    lines = [f"{sum(c.held for c in recipe)} of {len(recipe)} claims held on {where}"]
+    lines += [_wrap(f"  not held: {c.text} (measured: {c.measured})", "      ") for c in recipe if not c.held]
+    if corpus:
+        lines.append(f"and {sum(c.held for c in corpus)} of {len(corpus)} claims about the corpus and tokenizer")
+        lines += [_wrap(f"  not held: {c.text} (measured: {c.measured})", "      ") for c in corpus if not c.held]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def models_notice() -> str:
+    """Print, and return, what ``make train-mine`` found not trained enough in the set in use (its
+    ``set.json``): each failed check and the command that trains further. Nothing (``""``) for the
+    shipped models and for a set whose checks held or that has none."""
+    directory = modelset.current_dir()
+    if directory is None:
+        return ""
+    try:
+        info = json.loads((directory / modelset.SET_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    failed = info.get("failed") if isinstance(info, dict) else None
+    if not failed or not isinstance(failed, list):
+        return ""
+    lines = [_wrap("These models are not trained enough for what the chapters test (make train-mine "
+                   "checked; the claims that rest on it may not hold): " + "; ".join(map(str, failed)) + "."),
+             "Train further with:", shell_lines(str(info.get("train_further", "")))]
     text = "\n".join(lines)
     print(text)
     return text

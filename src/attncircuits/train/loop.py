@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attncircuits import data
+from attncircuits.data.split import TAIL_SUFFIX
 from attncircuits.analysis.losses import in_context_learning_score, repeated_token_loss
 from attncircuits.analysis.scores import prefix_matching_scores, previous_token_scores
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
@@ -338,7 +339,8 @@ def prepare_corpus(vocab_size: int = data.DEFAULT_VOCAB_SIZE, directory: Path = 
     ``corpus.json``) into ``directory`` (default: the shipped ones, which ``make train`` rebuilds);
     with ``tokenizer_path``, that tokenizer is copied there instead of training one. Returns the
     tokenizer's path in ``directory``."""
-    source = None if corpus is None else f"{len(corpus.train) + len(corpus.validation)} local text files"
+    source = None if corpus is None else (f"{len({n.removesuffix(TAIL_SUFFIX) for n, _ in corpus.train + corpus.validation})} "
+                                          f"local text files; held out for validation: {corpus.held_out}")
     corpus = corpus or data.load_corpus()
     t = time.time()
     directory.mkdir(parents=True, exist_ok=True)

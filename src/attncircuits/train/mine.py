@@ -1,17 +1,25 @@
 """The course on the learner's own text: ``make train-mine CORPUS='path/**/*.py' OUT=DIR``.
 
-``python -m attncircuits.train.mine 'path/**/*.py' --out DIR`` trains a byte-level BPE tokenizer of
-:data:`VOCAB` tokens on the files' training split, writes it with the corpus files into
-``DIR/corpus/`` (validation split by a hash of each file's name, as for the shipped corpus), trains
-``attn-only-0l``, ``-1l`` and ``-2l`` on the files into ``DIR`` with the faster recipe
-:data:`RECIPE`, and prints the one line that points the course at them::
+``python -m attncircuits.train.mine 'path/**/*.py' --out DIR`` holds out about a tenth of the files'
+text for validation (whole files, or the last tenth of each: :mod:`attncircuits.data.split`; no text
+in both splits), trains a byte-level BPE tokenizer of :data:`VOCAB` tokens on the training split,
+writes it with the corpus files into ``DIR/corpus/``, trains ``attn-only-0l``, ``-1l`` and ``-2l`` on
+the files into ``DIR`` with the faster recipe :data:`RECIPE`, checks that they are trained enough
+for what the chapters test (:mod:`attncircuits.train.enough`) and prints the one line that points
+the course at them::
 
     export ATTNCIRCUITS_MODELS=/abs/path/DIR
 
+A check that fails is said in one line with the command that trains further (``STEPS=N``, twice
+the 2-layer model's steps), and kept in ``DIR/set.json``, so that chapter 1 says it first.
+
 Rerunning the same command continues: the corpus and finished models are kept, an interrupted
-model resumes (the training CLI's ``--resume``). A corpus that matches no file, holds a file that
-is not text, or is too small for the chapters (:data:`MIN_VALIDATION_TOKENS`,
-:data:`MIN_TRAIN_TOKENS`) is refused in one line before anything is written.
+model resumes (the training CLI's ``--resume``); with ``--steps N`` a model trained for other steps
+is trained again (``--overwrite``; resumable the same way). Refused in one line before anything
+is written: a corpus that matches no file, holds a file that is not text, repeats itself
+(:data:`attncircuits.data.split.MAX_REPEATED`), or is too small for the chapters: under
+:data:`MIN_TOKENS` tokens (about :data:`MIN_MEGABYTES` MB of text like the shipped corpus), the
+same minimum whether the text is one file or many.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ from pathlib import Path
 
 from attncircuits import data
 from attncircuits.checkpoints import modelset
+from attncircuits.checkpoints.pretrained import is_checkpoint_dir
+from attncircuits.data.split import MAX_REPEATED, repeated_share
+from attncircuits.train import enough
 from attncircuits.train.loop import prepare_corpus
 from attncircuits.train.sets import default_lanes, train_set
 
@@ -37,8 +48,13 @@ from attncircuits.train.sets import default_lanes, train_set
 VOCAB = 2048
 #: the chapters read up to 1,024 validation windows of 128 tokens (the reproduces page's ICL score)
 MIN_VALIDATION_TOKENS = 1024 * 128
-#: below this the models would mostly memorise the training split (the shipped one has 3.6 M)
-MIN_TRAIN_TOKENS = 500_000
+#: the least text, in tokens of its own tokenizer, for one file or many: the smallest share the
+#: split holds out (9%) is then at least :data:`MIN_VALIDATION_TOKENS`, and the training split 1.3 M
+#: tokens (the shipped one has 3.6 M)
+MIN_TOKENS = 1_460_000
+#: :data:`MIN_TOKENS` in megabytes of text like the shipped corpus (3.07 bytes a token; a test
+#: checks it against the shipped corpus.json); text the tokenizer compresses less needs fewer
+MIN_MEGABYTES = 4.5
 #: training flags per model (besides --preset, --corpus-files, --tokenizer, --out): the shipped
 #: presets (batch mix, rate, cosine decay to 10%) with fewer steps, split so that the 2-layer model,
 #: in one process, takes about as long as the other two one after the other in another
@@ -81,37 +97,89 @@ def corpus_files(patterns: list[str]) -> list[Path]:
     return files
 
 
-def check_corpus(corpus: data.Corpus, vocab: int, min_train: int, min_val: int) -> Path:
-    """Train the tokenizer and count the tokens of both splits; refuse a corpus too small. Returns
-    the tokenizer's path (a temporary file)."""
+def check_corpus(corpus: data.Corpus, vocab: int, min_tokens: int = MIN_TOKENS) -> Path:
+    """Refuse a corpus that repeats itself or is too small; train the tokenizer on the training
+    split and count the tokens of both. Returns the tokenizer's path (a temporary file)."""
+    share = repeated_share(corpus.train, corpus.validation)
+    if share > MAX_REPEATED:
+        raise Refused(f"the corpus repeats itself: {share:.0%} of the validation text's distinct lines are also "
+                      "training lines, so a validation loss would measure memory, not prediction; "
+                      "use text that does not repeat (more files, or other ones)")
     tok = data.train_tokenizer([t for _, t in corpus.train], vocab)
     n_train = len(data.tokenize_documents(tok, corpus.train))
     n_val = len(data.tokenize_documents(tok, corpus.validation))
-    if n_train < min_train or n_val < min_val:
-        # about one file in ten is held out for validation, so the validation minimum usually binds
-        need = max(min_train / 0.9, min_val / 0.1) * corpus.n_bytes / max(1, n_train + n_val)
-        raise Refused(f"the corpus is too small: {n_train:,} training and {n_val:,} validation tokens ({corpus.describe()}); "
-                      f"the course needs at least {min_train:,} and {min_val:,}, about {need / 1e6:.1f} MB of such text "
-                      "(one file in ten is held out for validation): add more files")
+    total = n_train + n_val
+    per_token = corpus.n_bytes / max(1, total)
+    if total < min_tokens:
+        raise Refused(f"the corpus is too small: {total:,} tokens in {corpus.n_bytes / 1e6:.2f} MB; the course needs "
+                      f"at least {min_tokens:,} tokens, about {min_tokens * per_token / 1e6:.1f} MB of text like "
+                      "this (a tenth is held out for validation): add more text")
+    min_val = MIN_VALIDATION_TOKENS * min_tokens // MIN_TOKENS
+    if n_val < min_val:  # a tenth of the bytes, but the held-out text compresses better than the rest
+        raise Refused(f"the corpus is too small after the split: {n_val:,} validation tokens ({corpus.describe()}), "
+                      f"fewer than the {min_val:,} the chapters read: add more text")
     fd, path = tempfile.mkstemp(suffix="-tokenizer.json")
     os.close(fd)
     tok.save(path)
     return Path(path)
 
 
-def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]] = RECIPE, vocab: int = VOCAB,
-               min_train: int = MIN_TRAIN_TOKENS, min_val: int = MIN_VALIDATION_TOKENS, threads: int | None = 1,
-               side_by_side: bool = True) -> Path:
-    """Make the set (see the module's docstring); returns its absolute folder."""
+def _flag_steps(flags: list[str]) -> int:
+    return int(flags[flags.index("--steps") + 1])
 
+
+def scaled(recipe: dict[str, list[str]], steps: int | None) -> dict[str, list[str]]:
+    """``recipe`` with the 2-layer model trained ``steps`` steps and the others (and the 2-layer
+    model's snapshots) scaled alike; ``steps=None``: the recipe as it is."""
+    if steps is None:
+        return {name: list(flags) for name, flags in recipe.items()}
+    factor = steps / _flag_steps(recipe["attn-only-2l"])
+    out = {}
+    for name, flags in recipe.items():
+        flags, i = list(flags), 0
+        while i < len(flags):
+            if flags[i] == "--steps":
+                flags[i + 1] = str(max(1, round(int(flags[i + 1]) * factor)))
+            elif flags[i] == "--snapshot-steps":
+                j = i + 1
+                while j < len(flags) and not flags[j].startswith("--"):
+                    flags[j] = str(int(int(flags[j]) * factor))
+                    j += 1
+            i += 1
+        out[name] = flags
+    return out
+
+
+def _trained_steps(folder: Path) -> int | None:
+    try:
+        return json.loads((folder / "config.json").read_text())["train"]["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+#: what identifies a set in its set.json (the command, the steps and the checks may change)
+_IDENTITY = ("kind", "corpus", "files", "vocab")
+
+
+def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]] = RECIPE, vocab: int = VOCAB,
+               min_tokens: int = MIN_TOKENS, threads: int | None = 1, side_by_side: bool = True,
+               steps: int | None = None) -> Path:
+    """Make the set (see the module's docstring); returns its absolute folder. ``steps``: the
+    2-layer model's steps (default: the recipe's), the others scaled alike (:func:`scaled`)."""
+
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise Refused(f"--steps must be a whole number >= 1 (got {steps!r})")
     out = Path(os.path.abspath(out))
     files = corpus_files(patterns)
-    command = f"make train-mine CORPUS='{' '.join(patterns)}' OUT={out}"
-    info = {"kind": "own corpus", "corpus": patterns, "files": len(files), "vocab": vocab, "command": command}
-    old = (out / modelset.SET_FILE).read_text() if (out / modelset.SET_FILE).is_file() else None
-    if old is not None and {k: v for k, v in json.loads(old).items() if k != "command"} != \
-            {k: v for k, v in info.items() if k != "command"}:
-        raise Refused(f"{out} holds a set made from other files ({json.loads(old).get('corpus')}); choose another OUT")
+    recipe = scaled(recipe, steps)
+    base = f"make train-mine CORPUS='{' '.join(patterns)}' OUT={out}"
+    n_steps = _flag_steps(recipe["attn-only-2l"])
+    command = base + (f" STEPS={steps}" if steps is not None else "")
+    info = {"kind": "own corpus", "corpus": patterns, "files": len(files), "vocab": vocab, "command": command,
+            "steps": n_steps}
+    old = json.loads((out / modelset.SET_FILE).read_text()) if (out / modelset.SET_FILE).is_file() else None
+    if old is not None and {k: old.get(k) for k in _IDENTITY} != {k: info[k] for k in _IDENTITY}:
+        raise Refused(f"{out} holds a set made from other files ({old.get('corpus')}); choose another OUT")
     if old is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise Refused(f"{out} exists and is not a set this command made; choose a new OUT (nothing was written)")
     corpus_dir = out / "corpus"
@@ -120,18 +188,42 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
     except (ValueError, OSError) as err:
         raise Refused(str(err)) from None
     if not (corpus_dir / "manifest.json").is_file():
-        tok_path = check_corpus(corpus, vocab, min_train, min_val)
+        tok_path = check_corpus(corpus, vocab, min_tokens)
         try:
             out.mkdir(parents=True, exist_ok=True)
             (out / modelset.SET_FILE).write_text(json.dumps(info) + "\n")
             prepare_corpus(vocab, corpus_dir, corpus=corpus, tokenizer_path=tok_path)
         finally:
             tok_path.unlink(missing_ok=True)
-    flags = {name: ["--preset", name, "--corpus-files", *map(str, files),
-                    "--tokenizer", str(corpus_dir / "tokenizer.json"), *recipe[name]] for name in modelset.SET_MODEL_NAMES}
+    else:  # this command (its STEPS resume a half-written model); the last checks stand until new ones
+        kept = {k: old[k] for k in ("checks", "failed", "train_further") if old is not None and k in old}
+        (out / modelset.SET_FILE).write_text(json.dumps({**info, **kept}, indent=1) + "\n")
+    flags = {}
+    for name in modelset.SET_MODEL_NAMES:
+        flags[name] = ["--preset", name, "--corpus-files", *map(str, files),
+                       "--tokenizer", str(corpus_dir / "tokenizer.json"), *recipe[name]]
+        trained = _trained_steps(out / name) if is_checkpoint_dir(out / name) else None
+        if trained is not None and trained != _flag_steps(recipe[name]):
+            print(f"train-mine: {name} was trained for {trained:,} steps; training it for "
+                  f"{_flag_steps(recipe[name]):,}", flush=True)
+            flags[name].append("--overwrite")
     train_set(out, flags, threads, lanes=default_lanes() if side_by_side else None)
     modelset.check(out)
+    checks = enough.set_checks(out, corpus_dir)
+    info.update(enough.as_record(checks, f"{base} STEPS={2 * n_steps}"))
+    (out / modelset.SET_FILE).write_text(json.dumps(info, indent=1) + "\n")
     return out
+
+
+def checks_lines(out: Path) -> list[str]:
+    """What the command says of the checks in ``out``'s set.json: one line when they held; when one
+    failed, one line naming each failed check and the command that trains further."""
+    info = json.loads((out / modelset.SET_FILE).read_text())
+    if not info.get("failed"):
+        return [f"trained enough for the chapters: the {len(info.get('checks', []))} checks held "
+                "(each layer helps, an induction head, a loss that stopped falling)"]
+    return [f"not trained enough for the chapters: {'; '.join(info['failed'])}; train further with: "
+            f"{info['train_further']}"]
 
 
 def main(argv=None) -> None:
@@ -141,10 +233,13 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per model (default 1)")
     p.add_argument("--one-at-a-time", action="store_true",
                    help="train the models one after the other in this process (default: side by side on 2+ cores)")
+    p.add_argument("--steps", type=int, help=f"the 2-layer model's steps (default {_flag_steps(RECIPE['attn-only-2l']):,}; the others "
+                   "scaled alike); models trained for other steps are trained again")
     args = p.parse_args(argv)
     start = time.time()
     try:
-        out = train_mine(args.corpus, args.out, threads=args.threads, side_by_side=not args.one_at_a_time)
+        out = train_mine(args.corpus, args.out, threads=args.threads, side_by_side=not args.one_at_a_time,
+                         steps=args.steps)
     except Refused as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -152,7 +247,12 @@ def main(argv=None) -> None:
     tokens = json.loads((out / "corpus" / "corpus.json").read_text()).get("train_tokens", 0)
     print(f"trained: {', '.join(f'{n} {w:.1f} min' for n, w in zip(modelset.SET_MODEL_NAMES, walls))}; "
           f"this command took {(time.time() - start) / 60:.1f} min ({tokens / 1e6:.2f} M training tokens)")
-    print("point the course at these models with:")
+    lines = checks_lines(out)
+    for line in lines:
+        print(line)
+    ready = not json.loads((out / modelset.SET_FILE).read_text()).get("failed")
+    print("point the course at these models with:" if ready else
+          "the course reads them as they are (chapter 1 says first what failed) with:")
     print(f"export {modelset.ENV}={out}")
 
 

@@ -5,7 +5,8 @@ presets with seed ``n`` into ``replicates/seed-n/`` (each resumable: rerun the s
 Ctrl-C, a crash or a reboot and finished models are kept, an interrupted one continues with the
 training CLI's ``--resume``), runs every chapter against them under nbval with
 ``ATTNCIRCUITS_MODELS`` set (a failing cell is counted, the run goes on), and writes
-``replicates/seed-n/results.json``: the chapters' cell and claim counts and
+``replicates/seed-n/results.json``: the chapters' cell and claim counts (the recipe's claims and,
+apart, those about the corpus) and
 :func:`headline_numbers`, the numbers the book's findings rest on, measured the same way on every
 set. Progress goes to stdout and stderr line by line, so ``nohup make replicate SEED=2 &`` leaves a
 readable ``nohup.out``.
@@ -201,7 +202,8 @@ def run_chapters(models_dir: Path, paths: list[Path] | None = None, timeout: int
         out[nb.stem] = {**_junit_counts(junit), **_claim_counts(claims), "seconds": round(time.time() - t)}
         c = out[nb.stem]
         print(f"replicate: {nb.name}: {c['cells_passed']} of {c['cells']} cells passed; "
-              f"{c['claims_held']} of {c['claims']} claims held", flush=True)
+              f"{c['claims_held']} of {c['claims']} claims held; about the corpus: "
+              f"{c['corpus_claims_held']} of {c['corpus_claims']}", flush=True)
     return out
 
 
@@ -218,9 +220,15 @@ def _junit_counts(path: Path) -> dict:
 
 
 def _claim_counts(path: Path) -> dict:
+    """The recipe's claims (``claims``, ``claims_held``, ``claims_not_held``) and, apart, those about
+    the corpus and tokenizer (``corpus_claims``...: ``claim(..., about="corpus")``)."""
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return {"claims": len(rows), "claims_held": sum(r["held"] for r in rows),
-            "claims_not_held": [f"{r['text']} (measured: {r['measured']})" for r in rows if not r["held"]]}
+    out = {}
+    for about, prefix in (("recipe", "claims"), ("corpus", "corpus_claims")):
+        mine = [r for r in rows if r.get("about", "recipe") == about]
+        out.update({prefix: len(mine), f"{prefix}_held": sum(r["held"] for r in mine),
+                    f"{prefix}_not_held": [f"{r['text']} (measured: {r['measured']})" for r in mine if not r["held"]]})
+    return out
 
 
 # ---- make replicate ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Training a set of models (``attn-only-0l``, ``-1l``, ``-2l``) for ``make replicate`` and
-``make train-mine``: each model with the training CLI, a finished one kept, an interrupted one
-continued with ``--resume``.
+``make train-mine``: each model with the training CLI, a finished one kept (trained again when its
+flags carry ``--overwrite``: train-mine's other steps), an interrupted one continued with ``--resume``.
 
 Side by side: :data:`LANES` runs the 2-layer model in one process and the 0- and 1-layer models one
 after the other in a second; :data:`ONE_EACH` a process per model. These models use one CPU thread
@@ -47,7 +47,7 @@ def shown(argv: list[str], keep: int = 2) -> str:
 def _argv(out: Path, name: str, flags: list[str], threads: int | None) -> list[str] | None:
     """The training CLI's arguments for model ``name``, or None (and a line) when it is trained."""
     target = out / name
-    if is_checkpoint_dir(target):
+    if is_checkpoint_dir(target) and "--overwrite" not in flags:  # with it: trained again (other steps)
         print(f"replicate: {target} is trained; kept", flush=True)
         return None
     resume = (partial_dir(target) / RESUME_SUBDIR / "state.json").is_file()

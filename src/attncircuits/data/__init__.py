@@ -3,7 +3,9 @@
 The default corpus is real text that every Python installation carries: the standard library's
 source (code, docstrings, comments) and its bundled documentation text. Files are chosen by a fixed
 rule, ordered by path and split into train/validation by a hash of the path, so the split never
-depends on the order the file system lists them in. Any local text files go through the same loader.
+depends on the order the file system lists them in. Any local text files go through the same loader,
+and about a tenth of their text is held out whatever the files look like: whole files, or the last
+tenth of each (:mod:`attncircuits.data.split`); no character is in both splits.
 
 Tokens are byte-level BPE (HuggingFace ``tokenizers``): every Unicode string round-trips exactly.
 The vocabulary has 2048 entries: small enough that ``d_vocab x d_vocab`` tables (bigrams, OV
@@ -27,6 +29,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from attncircuits.core import validate
+from attncircuits.data.split import BY_HASH, TAILS, split_documents
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 2048
@@ -47,10 +50,12 @@ _VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Corpus:
-    """A list of (name, text) documents split into train and validation by file."""
+    """A list of (name, text) documents split into train and validation; ``held_out`` says how the
+    validation text was chosen (by file, or the last tenth of each file: see :mod:`attncircuits.data.split`)."""
 
     train: tuple[tuple[str, str], ...]
     validation: tuple[tuple[str, str], ...]
+    held_out: str = BY_HASH
 
     @property
     def n_bytes(self) -> int:
@@ -59,6 +64,9 @@ class Corpus:
     def describe(self) -> str:
         tb = sum(len(t.encode("utf-8")) for _, t in self.train)
         vb = sum(len(t.encode("utf-8")) for _, t in self.validation)
+        if self.held_out == TAILS:
+            n = len(self.train)
+            return f"the last tenth of each of {n} file{'s' * (n != 1)} held out: {tb / 1e6:.2f} MB train, {vb / 1e6:.2f} MB validation"
         return (
             f"{len(self.train)} train files ({tb / 1e6:.2f} MB), "
             f"{len(self.validation)} validation files ({vb / 1e6:.2f} MB)"
@@ -90,7 +98,8 @@ def read_text_file(path: Path) -> str:
     raw = path.read_bytes()
     text = raw.decode("utf-8", errors="replace")
     if b"\0" in raw or text.count("\ufffd") > 0.01 * max(len(text), 1):
-        raise ValueError(f"corpus file {path} is not text (binary or not UTF-8); pass UTF-8 text files only")
+        raise ValueError(f"corpus file {path} is not text (binary or not UTF-8): leave it out of the corpus "
+                         "(a narrower pattern) or convert it to UTF-8 text")
     return text
 
 
@@ -108,9 +117,11 @@ def _is_file(p: Path) -> bool:
 def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: str | Path | None = None) -> Corpus:
     """Load the default corpus (``paths=None``) or local text files (one path or several).
 
-    Files are read as UTF-8 (a stray undecodable byte becomes U+FFFD; binary files are refused),
-    ordered by name and split into train and validation by a hash of the name, so the same files
-    always give the same split.
+    Files are read as UTF-8 (a stray undecodable byte becomes U+FFFD; binary files are refused) and
+    ordered by name. The default corpus is split by a hash of each file's name (one in ten held
+    out); local files by :func:`attncircuits.data.split.split_documents` (about a tenth of the text:
+    whole files, or the last tenth of each), so the same files always give the same split and no
+    text is in both. A corpus too short to hold anything out is refused.
     """
     if paths is None:
         root = Path(root or sysconfig.get_paths()["stdlib"])
@@ -135,10 +146,14 @@ def load_corpus(paths: str | Path | Iterable[str | Path] | None = None, root: st
     if not docs:
         raise ValueError("the corpus is empty: pass at least one non-empty text file")
     docs.sort(key=lambda d: d[0])
+    if root is None:
+        train, val, how = split_documents(docs)
+        if not val:
+            raise ValueError(f"the corpus ({sum(len(t) for _, t in docs)} characters) is too short to hold out "
+                             "a tenth for validation: pass more text")
+        return Corpus(train=train, validation=val, held_out=how)
     train = tuple(d for d in docs if not _is_validation(d[0]))
     val = tuple(d for d in docs if _is_validation(d[0]))
-    if not val or not train:  # tiny corpora: keep both splits non-empty
-        train, val = tuple(docs[:-1]) or tuple(docs), tuple(docs[-1:])
     return Corpus(train=train, validation=val)
 
 
