@@ -17,6 +17,7 @@ Every chapter of ``_toc.yml`` (``notebooks/NN_*.ipynb``) with exercises (what th
   installs it (``%pip install "git+<repository>@<branch>"``) instead of the solved chapter's
   ``pip install -e .`` from a clone, since a downloaded learner's notebook may have no clone
   around it;
+- relative links (``](../book/...)``) gain one ``../``, as the copy sits one folder deeper;
 - outputs and execution counts are stripped; hints, questions and every other cell are kept.
 
 ``--check`` regenerates in memory and exits 1 naming every learner notebook that is stale,
@@ -121,6 +122,8 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
         elif cell["cell_type"] == "markdown":
             if _COLAB_LINK.match(_source(cell)):
                 cell["source"] = _lines(_learner_banner(solved_url))
+            elif "](../" in _source(cell):  # one folder deeper: links to the book's pages still resolve
+                cell["source"] = _lines(_source(cell).replace("](../", "](../../"))
     return nb
 
 
