@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from attncircuits import AttnOnlyTransformer, load_pretrained
+from attncircuits import Transformer, load_pretrained
 
 
 def best_of(fn, repeats: int) -> tuple[float, float, object]:
@@ -41,6 +41,6 @@ def apply_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
-def load_model(name: str) -> AttnOnlyTransformer:
+def load_model(name: str) -> Transformer:
     """The shipped model ``name`` (``attn-only-0l``, ``-1l`` or ``-2l``)."""
     return load_pretrained(name).model

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits import ModelConfig, Transformer
 from attncircuits.core import validate
 from attncircuits.train import TrainConfig, make_batch, make_batch_checked
 
@@ -30,7 +30,7 @@ def per_call_ms(fn, reps: int = 20) -> float:
 def main() -> None:
     torch.set_num_threads(1)
     cfg = TrainConfig()
-    model = AttnOnlyTransformer(AttnOnlyConfig(n_layers=2))
+    model = Transformer(ModelConfig(n_layers=2))
     n_ctx, d_vocab = model.cfg.n_ctx, model.cfg.d_vocab
     stream_np = np.random.default_rng(0).integers(1, d_vocab, 3_633_287).astype(np.uint16)
     stream = validate.token_ids(stream_np, d_vocab, "train_tokens", ndim=1)

@@ -15,7 +15,7 @@ A third row per model, not part of the target, times the unembedding alone (the 
 the same tokens times ``W_U``) in each library: the one matmul both must do, 2.1 GFLOP. On the CPU
 we measured it takes 24 ms at 90% of a core's peak, two thirds of either forward pass, and so
 bounds the ratio. Where TransformerLens's takes longer than ours, its logits' memory came fresh
-from the kernel 4 KiB page by page (see ``attncircuits.models.attn_only._unembed``); whether it does depends
+from the kernel 4 KiB page by page (see ``attncircuits.models.transformer.unembed``); whether it does depends
 on what the process freed before, so repeated runs differ. ``--keep-memory`` asks glibc
 (``mallopt``) to serve every allocation from its heap and keep what is freed, in both libraries
 alike: no page faults, steady ratios that compare the code alone, and three more columns that
@@ -30,7 +30,7 @@ import sys
 import torch
 from _common import apply_threads, best_of, load_model, parser
 
-from attncircuits.models.attn_only import _unembed
+from attncircuits.models.parts import unembed
 from attncircuits.models.interop import to_transformer_lens
 
 TARGET = 1.5  # ours at least this many times as fast as TransformerLens
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
             calls = {
                 "forward": (lambda: model(tokens), lambda: tl_model(tokens)),
                 "forward with cache": (lambda: model.run_with_cache(tokens), lambda: tl_model.run_with_cache(tokens)),
-                UNEMBED: (lambda: _unembed(resid, model.W_U), lambda: tl_model.unembed(resid)),
+                UNEMBED: (lambda: unembed(resid, model.W_U), lambda: tl_model.unembed(resid)),
             }
             times = {}
             for call, (ours, theirs) in calls.items():

@@ -20,7 +20,7 @@ import torch
 
 from attncircuits import data
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, load_validation_tokens
-from attncircuits.models.attn_only import AttnOnlyConfig
+from attncircuits.models.transformer import ModelConfig
 from attncircuits.train import TrainConfig, train
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--vocab", default="2048")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--set", nargs="*", default=[], help="field=value for AttnOnlyConfig or TrainConfig")
+    p.add_argument("--set", nargs="*", default=[], help="field=value for ModelConfig or TrainConfig")
     p.add_argument("--log", type=Path, default=Path("live_recipes.jsonl"))
     p.add_argument("--cache", type=Path, default=Path(".live_cache"))
     p.add_argument("--pm", type=float, default=0.5)
@@ -63,9 +63,9 @@ def main() -> None:
     tk = {"min_lr_frac": 1.0, "eval_batches": 2, "eval_every": 100, "steps": 4000}
     for kv in args.set:
         k, v = kv.split("=")
-        target = mk if k in AttnOnlyConfig.__dataclass_fields__ else tk
-        target[k] = type(getattr(AttnOnlyConfig() if target is mk else TrainConfig(), k))(float(v) if "e" in v or "." in v else int(v))
-    mcfg, cfg = AttnOnlyConfig(**mk), TrainConfig(**tk)
+        target = mk if k in ModelConfig.__dataclass_fields__ else tk
+        target[k] = type(getattr(ModelConfig() if target is mk else TrainConfig(), k))(float(v) if "e" in v or "." in v else int(v))
+    mcfg, cfg = ModelConfig(**mk), TrainConfig(**tk)
     rows, reached = [], {}
     t0 = time.time()
 

@@ -1,15 +1,15 @@
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits import ModelConfig, Transformer
 
 
 @pytest.fixture
 def tiny_cfg():
-    return AttnOnlyConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16)
+    return ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16)
 
 
 @pytest.fixture
 def tiny_model(tiny_cfg):
     torch.manual_seed(0)
-    return AttnOnlyTransformer(tiny_cfg).eval()
+    return Transformer(tiny_cfg).eval()

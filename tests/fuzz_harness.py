@@ -42,7 +42,7 @@ from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
 import attncircuits
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data
+from attncircuits import ModelConfig, Transformer, data
 from attncircuits.analysis import losses
 from attncircuits.analysis import scores as S
 from attncircuits.analysis.circuits import (
@@ -85,16 +85,16 @@ class Val:
 
 # ---- models and fixtures, built once ----------------------------------------------------------
 @cache
-def model(n_layers: int = N_LAYERS) -> AttnOnlyTransformer:
+def model(n_layers: int = N_LAYERS) -> Transformer:
     torch.manual_seed(0)
-    cfg = AttnOnlyConfig(n_layers=n_layers, d_model=32, n_heads=N_HEADS, d_head=8, d_vocab=D_VOCAB, n_ctx=N_CTX)
-    return AttnOnlyTransformer(cfg).eval()
+    cfg = ModelConfig(n_layers=n_layers, d_model=32, n_heads=N_HEADS, d_head=8, d_vocab=D_VOCAB, n_ctx=N_CTX)
+    return Transformer(cfg).eval()
 
 
 @cache
 def smeared() -> SmearedKeyTransformer:
     torch.manual_seed(0)
-    return SmearedKeyTransformer(AttnOnlyConfig(n_layers=1, d_model=32, n_heads=N_HEADS, d_head=8, d_vocab=D_VOCAB, n_ctx=N_CTX))
+    return SmearedKeyTransformer(ModelConfig(n_layers=1, d_model=32, n_heads=N_HEADS, d_head=8, d_vocab=D_VOCAB, n_ctx=N_CTX))
 
 
 @cache
@@ -110,10 +110,10 @@ def checkpoint():
     from attncircuits.checkpoints.pretrained import CORPUS_DIR, load_checkpoint, save_checkpoint, state_dict_for_save
 
     torch.manual_seed(0)
-    cfg = AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=N_CTX)
-    snaps = {step: state_dict_for_save(AttnOnlyTransformer(cfg)) for step in (0, 10)}
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=N_CTX)
+    snaps = {step: state_dict_for_save(Transformer(cfg)) for step in (0, 10)}
     out = Path(tempfile.mkdtemp(prefix="fuzz-ck-")) / "ck"
-    return load_checkpoint(save_checkpoint(AttnOnlyTransformer(cfg), out, CORPUS_DIR / "tokenizer.json", snapshots=snaps))
+    return load_checkpoint(save_checkpoint(Transformer(cfg), out, CORPUS_DIR / "tokenizer.json", snapshots=snaps))
 
 
 @cache
@@ -141,7 +141,7 @@ def ints(name: str, lo: int, hi: int | None, extra_invalid: tuple = (), include_
     return out
 
 
-def layers(m: AttnOnlyTransformer, name: str = "layer", lo: int = 0) -> list[Val]:
+def layers(m: Transformer, name: str = "layer", lo: int = 0) -> list[Val]:
     return ints(name, lo, max(lo, m.cfg.n_layers - 1), extra_invalid=(-1,))
 
 
@@ -612,7 +612,7 @@ def targets() -> list[Target]:
                {"layer": ints("layer", 0, 1, extra_invalid=(5, -1)), "frac": fractions()}, check=lambda r: isinstance(r, int)))
 
     # -- configs, checkpoints, TransformerLens: the arguments a user types
-    add(Target("model.AttnOnlyConfig", lambda d_model, n_ctx, init_std_embed: AttnOnlyConfig(d_model=d_model, n_ctx=n_ctx, init_std_embed=init_std_embed),
+    add(Target("model.ModelConfig", lambda d_model, n_ctx, init_std_embed: ModelConfig(d_model=d_model, n_heads=1, n_ctx=n_ctx, init_std_embed=init_std_embed),
                {"d_model": sizes("d_model", 1), "n_ctx": sizes("n_ctx", 1), "init_std_embed": std_values()},
                check=lambda r: isinstance(r.d_model, int) and isinstance(r.init_std_embed, float)))
     add(Target("pretrained.load_pretrained", lambda name, device: load_pretrained(name, device),
@@ -763,7 +763,7 @@ def _cache2():
 @cache
 def _head_scores():
     g = torch.Generator().manual_seed(3)
-    return S.HeadScores(torch.rand(2, 4, generator=g), torch.rand(2, 4, generator=g), torch.rand(2, 4, generator=g))
+    return S.HeadScores(previous_token=torch.rand(2, 4, generator=g), prefix_matching=torch.rand(2, 4, generator=g), copying=torch.rand(2, 4, generator=g))
 
 
 @cache
@@ -778,7 +778,7 @@ def _logp():
 
 def _fresh_smeared():
     torch.manual_seed(0)
-    return SmearedKeyTransformer(AttnOnlyConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=D_VOCAB, n_ctx=N_CTX))
+    return SmearedKeyTransformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=D_VOCAB, n_ctx=N_CTX))
 
 
 def _pair_pool(name, layer):

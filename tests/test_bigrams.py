@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data, loss_fn
+from attncircuits import ModelConfig, Transformer, data, loss_fn
 from attncircuits.analysis.circuits import (
     DirectPathWarning,
     bigram_count_table,
@@ -44,10 +44,10 @@ def table():
     return t
 
 
-def zero_layer_with_table(t: torch.Tensor) -> AttnOnlyTransformer:
+def zero_layer_with_table(t: torch.Tensor) -> Transformer:
     """A 0-layer model whose W_E @ W_U is exactly ``t``: W_E = identity, W_U = t."""
     n = t.shape[0]
-    model = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=n, n_heads=1, d_head=1, d_vocab=n, n_ctx=16))
+    model = Transformer(ModelConfig(n_layers=0, d_model=n, n_heads=1, d_head=1, d_vocab=n, n_ctx=16))
     with torch.no_grad():
         model.W_E.copy_(torch.eye(n))
         model.W_U.copy_(t)
@@ -75,7 +75,7 @@ def test_hand_set_model_returns_its_table(table):
 
 def test_random_zero_layer_model_is_its_table():
     torch.manual_seed(1)
-    model = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=8, d_vocab=30, n_ctx=16)).eval()
+    model = Transformer(ModelConfig(n_layers=0, d_model=8, d_vocab=30, n_ctx=16)).eval()
     tokens = torch.randint(0, 30, (4, 16))
     torch.testing.assert_close(model(tokens), bigram_logits(model)[tokens])
 

@@ -13,7 +13,7 @@ from attncircuits import loss_fn
 from attncircuits.analysis import losses
 from attncircuits.analysis import scores as S
 from attncircuits.analysis.circuits.copying import ov_copying_accuracy
-from attncircuits.analysis.scores import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
+from attncircuits.analysis.attribution import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
 from attncircuits.course.exercises import ch05, ch06, ch07, ch08
 from attncircuits.models import handbuilt as hb
 from attncircuits.models import smeared

@@ -134,3 +134,47 @@ def test_a_downloaded_learner_notebook_says_the_one_command_off_colab(tmp_path, 
     proc, pip = run_cell(tmp_path / "colab", site=False, colab="env", cell=cell)
     assert proc.returncode == 0, proc.stderr
     assert [a for a in pip[1:] if not a.startswith("-")] == [SOURCE]
+
+
+# ---- the TransformerLens set-up cell of the chapters that need TransformerLens -----------------
+def tl_cells() -> dict[Path, str]:
+    """The second cell of every notebook (solved and learner) whose set-up installs TransformerLens."""
+    out = {}
+    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        if len(cells) > 1 and cells[1].source.startswith("# Colab set-up for this chapter"):
+            out[path] = cells[1].source
+    return out
+
+
+def test_the_transformer_lens_cell_is_one_cell_everywhere():
+    cells = tl_cells()
+    names = sorted(p.relative_to(ROOT).as_posix() for p in cells)
+    assert {"notebooks/09_transformer_lens.ipynb", "notebooks/10_deeper_model.ipynb"} <= set(names), names
+    assert len(set(cells.values())) == 1, f"the TransformerLens set-up differs between {names}"
+    for path in cells:
+        assert "remove-cell" in nbformat.read(path, as_version=4).cells[1].metadata.get("tags", []), path
+
+
+BLOCK_TL = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformer_lens" or name.startswith("transformer_lens."):
+            raise ModuleNotFoundError("No module named 'transformer_lens'")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_the_transformer_lens_cell_off_colab_names_the_install_command(tmp_path):
+    """Without TransformerLens (and off Colab) the cell stops with the one command to run; with it,
+    it does nothing."""
+    cell = next(iter(tl_cells().values()))
+    env = {k: v for k, v in os.environ.items() if k != "COLAB_RELEASE_TAG"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    blocked = subprocess.run([sys.executable, "-c", BLOCK_TL + cell], capture_output=True, text=True, env=env, timeout=120)
+    assert blocked.returncode != 0
+    assert "ModuleNotFoundError" in blocked.stderr and "`pip install -e .[tl]`" in blocked.stderr, blocked.stderr
+    pytest.importorskip("transformer_lens")
+    present = subprocess.run([sys.executable, "-c", cell], capture_output=True, text=True, env=env, timeout=120)
+    assert present.returncode == 0, present.stderr

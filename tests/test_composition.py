@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from attncircuits import ModelConfig, Transformer, loss_fn
 from attncircuits.analysis.circuits import (
     composition_score,
     composition_scores,
@@ -18,8 +18,8 @@ from attncircuits.analysis.circuits import (
 
 
 def zero_model(n_layers=2, d_model=16, n_heads=2, d_head=4):
-    cfg = AttnOnlyConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_vocab=20, n_ctx=8)
-    model = AttnOnlyTransformer(cfg)
+    cfg = ModelConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=d_head, d_vocab=20, n_ctx=8)
+    model = Transformer(cfg)
     with torch.no_grad():
         for b in model.blocks:
             for w in (b.W_Q, b.W_K, b.W_V, b.W_O):
@@ -109,8 +109,8 @@ def test_random_baseline_is_measured_and_near_one_over_sqrt_d_model():
 def test_random_model_scores_sit_at_the_baseline():
     """An untrained model's heads compose only by chance: its scores look like the baseline's."""
     torch.manual_seed(3)
-    cfg = AttnOnlyConfig(n_layers=2, d_model=64, n_heads=8, d_head=8, d_vocab=50, n_ctx=16)
-    s = composition_scores(AttnOnlyTransformer(cfg), n_baseline=400)
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=8, d_head=8, d_vocab=50, n_ctx=16)
+    s = composition_scores(Transformer(cfg), n_baseline=400)
     for kind in "qkv":
         assert abs(float(s[kind].mean()) - s.baseline.mean(kind)) < 3 * s.baseline.std(kind)
         assert s.excess(kind).shape == (8, 8)

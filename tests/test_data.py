@@ -93,11 +93,11 @@ def test_bad_tokenizer_files(tmp_path):
 
 
 def test_uint16_token_arrays_from_tokenize_documents_are_model_input(tokenizer):
-    from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+    from attncircuits import ModelConfig, Transformer
 
     stream = data.tokenize_documents(tokenizer, [("a.py", "def f(x):\n    return x\n")])
     assert stream.dtype.name == "uint16"
-    model = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32)).eval()
+    model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=32)).eval()
     logits = model(stream)  # once refused with '"min_all" not implemented for UInt16'
     torch.testing.assert_close(logits, model(torch.as_tensor(stream.astype("int64"))))
     assert data.decode(tokenizer, stream[:-1]) == "def f(x):\n    return x\n"

@@ -13,10 +13,11 @@ tl = pytest.importorskip(
 
 from attncircuits import load_checkpoint  # noqa: E402
 from attncircuits.analysis import deeper as D  # noqa: E402
+from attncircuits.analysis.circuits import composition_scores  # noqa: E402
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint  # noqa: E402
 from attncircuits.models import interop  # noqa: E402
-from attncircuits.models.attn_only import loss_fn  # noqa: E402
-from attncircuits.models.hooked import HookedConfig  # noqa: E402
+from attncircuits.models.parts import loss_fn  # noqa: E402
+from attncircuits.models.hooked import HookedConfig, course_hooked_class  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
 
@@ -49,12 +50,12 @@ def tokens():
 
 def test_folding_keeps_the_logits(model, tokens):
     with torch.no_grad():
-        real, folded = model(tokens), D.folded(model)(tokens)
+        real, folded = model(tokens), model.folded()(tokens)
     assert (real.log_softmax(-1) - folded.log_softmax(-1)).abs().max() < 1e-4
 
 
 def test_fold_ln_into_gives_transformer_lens_folded_query_weights(model):
-    fm = D.folded(model)
+    fm = model.folded()
     for layer in range(SMALL.n_layers):
         block = model.blocks[layer]
         for name in ("Q", "K", "V"):
@@ -84,7 +85,7 @@ def test_frozen_ln_sums_to_the_layer_norm_and_matches_transformer_lens(model, to
     resid = parts.sum(0)
     x_hat = (resid - resid.mean(-1, keepdim=True)) / resid.var(-1, unbiased=False, keepdim=True).add(1e-5).sqrt()
     assert torch.allclose(D.frozen_ln(parts, resid).sum(0), x_hat, atol=1e-5)
-    fm = D.folded(model)
+    fm = model.folded()
     with torch.no_grad():
         _, cache = fm.run_with_cache(tokens)
         stack = cache.decompose_resid(layer=-1, return_labels=False)
@@ -115,7 +116,7 @@ def test_attention_only_gap(model, tokens):
         real = loss_fn(model(tokens), tokens).item()
     assert abs(gap.loss - real) < 1e-4 and gap.reconstruction_error < 1e-3
     assert gap.logit_error > 0.01  # random MLPs write to the logits: dropping them changes something
-    attn_only = tl.HookedTransformer(tl.HookedTransformerConfig(
+    attn_only = course_hooked_class()(tl.HookedTransformerConfig(
         n_layers=1, d_model=16, d_head=4, n_heads=4, n_ctx=8, d_vocab=20, attn_only=True,
         normalization_type="LN", positional_embedding_type="standard", device="cpu", seed=0))
     toks = torch.randint(0, 20, (2, 8))
@@ -153,9 +154,9 @@ def test_rank_correlation():
 
 
 def test_composition_scores_refuse_a_reader_below_the_writer(model):
-    with pytest.raises(ValueError, match="must be below"):
-        D.composition_scores(D.folded(model), 1, 0)
-    scores = D.composition_scores(D.folded(model), 0, 1, n_samples=20)
+    with pytest.raises(ValueError, match="must come before"):
+        composition_scores(model, 1, 0)
+    scores = composition_scores(model, 0, 1, n_baseline=20)
     assert scores.k.shape == (SMALL.n_heads, SMALL.n_heads) and ((scores.k >= 0) & (scores.k <= 1)).all()
 
 

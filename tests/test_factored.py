@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits import ModelConfig, Transformer
 from attncircuits.analysis.circuits.factored import (
     full_ov_circuit,
     full_qk_circuit,
@@ -21,7 +21,7 @@ from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return AttnOnlyTransformer(AttnOnlyConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    return Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def test_bad_head_and_layer(model):
         full_qk_circuit(model, 0, 4)
     with pytest.raises(IndexError, match="valid heads"):
         positional_qk_circuit(model, 0, -1)
-    zero = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=8, n_heads=2, d_head=4, d_vocab=10, n_ctx=4))
+    zero = Transformer(ModelConfig(n_layers=0, d_model=8, n_heads=2, d_head=4, d_vocab=10, n_ctx=4))
     with pytest.raises(ValueError, match="no attention layers"):
         full_ov_circuit(zero, 0)
     with pytest.raises(ValueError, match=r"n_pos must be in 1\.\.16"):
@@ -179,8 +179,8 @@ def test_mean_attention_by_offset():
 def test_positional_heads_found_from_weights():
     """Plant a previous-token head and a current-token head in W_Q/W_K via W_pos; find both."""
     torch.manual_seed(0)
-    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=32, d_vocab=20, n_ctx=32)
-    m = AttnOnlyTransformer(cfg)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, d_head=32, d_vocab=20, n_ctx=32)
+    m = Transformer(cfg)
     P = m.W_pos
     # P[i] @ shift ≈ P[i-1]. P has rank 12 here: the default QR driver's answer then depends on the
     # memory's alignment (residual 9e-6 or 1.16 for the same input); the SVD driver's does not.

@@ -7,7 +7,7 @@ from attncircuits.analysis import scores
 from attncircuits.analysis.circuits import composition
 from attncircuits.core import heads
 from attncircuits.core.heads import head_name
-from attncircuits.models import attn_only as model
+from attncircuits.models import transformer as model
 
 
 def test_head_name_is_layer_dot_head():
@@ -22,6 +22,6 @@ def test_one_head_type():
 
 
 def test_every_label_comes_from_head_name():
-    hs = scores.HeadScores(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3))
+    hs = scores.HeadScores(previous_token=torch.zeros(2, 3), prefix_matching=torch.zeros(2, 3), copying=torch.zeros(2, 3))
     assert [r["head"] for r in hs.rows()] == [head_name(l, h) for l in range(2) for h in range(3)]
     assert hs.table().splitlines()[5].split()[0] == "1.1"

@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_checkpoint  # noqa: E402
+from attncircuits import ModelConfig, Transformer, load_checkpoint  # noqa: E402
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint, state_dict_for_save  # noqa: E402
 from attncircuits.show.plotting import (  # noqa: E402
     eigen_scatter,
@@ -73,11 +73,11 @@ def test_snapshot_steps_control():
 
 def test_snapshot_explorer_draws_each_snapshot(tmp_path):
     torch.manual_seed(0)
-    cfg = AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=16)
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=16)
     snaps = {}
     for step in (0, 10, 20):
-        snaps[step] = state_dict_for_save(AttnOnlyTransformer(cfg))
-    model = AttnOnlyTransformer(cfg)
+        snaps[step] = state_dict_for_save(Transformer(cfg))
+    model = Transformer(cfg)
     ck = load_checkpoint(save_checkpoint(model, tmp_path / "ck", CORPUS_DIR / "tokenizer.json", snapshots=snaps))
     toks = torch.randint(1, 2048, (2, 9))
     ex = snapshot_explorer(ck, toks, layer=1, initial=10)
@@ -93,9 +93,9 @@ def test_snapshot_explorer_draws_each_snapshot(tmp_path):
 
 def test_snapshot_explorer_reads_a_1d_row_as_one_row(tmp_path):
     torch.manual_seed(0)
-    cfg = AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=16)
-    snaps = {step: state_dict_for_save(AttnOnlyTransformer(cfg)) for step in (0, 10)}
-    ck = load_checkpoint(save_checkpoint(AttnOnlyTransformer(cfg), tmp_path / "ck", CORPUS_DIR / "tokenizer.json", snapshots=snaps))
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=2048, n_ctx=16)
+    snaps = {step: state_dict_for_save(Transformer(cfg)) for step in (0, 10)}
+    ck = load_checkpoint(save_checkpoint(Transformer(cfg), tmp_path / "ck", CORPUS_DIR / "tokenizer.json", snapshots=snaps))
     fig = snapshot_explorer(ck, torch.randint(1, 2048, (9,)), layer=1).render()  # one row of 9 tokens
     assert {im.get_array().shape for a in fig.axes for im in a.images} == {(9, 9)}  # once 1 x 1
     plt.close(fig)

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, load_pretrained
+from attncircuits import ModelConfig, Transformer, load_pretrained
 from attncircuits.analysis import losses
 from attncircuits.analysis import scores as S
 from attncircuits.analysis.circuits.composition import composition_scores
@@ -27,8 +27,8 @@ LOGPROB_TOL = 1e-4  # float32 logits of two implementations of one sum; measured
 
 def random_model(n_layers, seed=0):
     torch.manual_seed(seed)
-    cfg = AttnOnlyConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=61, n_ctx=24)
-    return AttnOnlyTransformer(cfg).eval()
+    cfg = ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=61, n_ctx=24)
+    return Transformer(cfg).eval()
 
 
 @pytest.fixture(scope="module")

@@ -51,21 +51,21 @@ def _problems_of(tmp_path, monkeypatch, files: dict[str, str]) -> list[str]:
 
 
 BASE = {"__init__.py": "", "core/__init__.py": "", "core/heads.py": "", "core/validate.py": "from .heads import x\n",
-        "models/__init__.py": "", "models/attn_only.py": "from ..core import validate\n"}
+        "models/__init__.py": "", "models/transformer.py": "from ..core import validate\n"}
 
 
 @pytest.mark.parametrize(
     "files, expected",
     [
         ({}, None),
-        ({"core/heads.py": "from ..models.attn_only import M\n"}, "core/heads imports models/attn_only, which is above it"),
-        ({"core/validate.py": "from ..models import attn_only\n"}, "core/validate imports models/attn_only, which is above"),
+        ({"core/heads.py": "from ..models.transformer import M\n"}, "core/heads imports models/transformer, which is above it"),
+        ({"core/validate.py": "from ..models import transformer\n"}, "core/validate imports models/transformer, which is above"),
         ({"core/heads.py": "from .validate import check\n"}, "a circle of imports: core/heads -> core/validate -> core/heads"),
-        ({"models/attn_only.py": "from ..core.validate import *\n"}, "star-imports core/validate"),
-        ({"models/attn_only.py": "from ..core.validate import _range\n"}, "private name _range from core/validate"),
-        ({"models/attn_only.py": "def f():\n    from ..core import validate\n"}, "imports core/validate inside a function"),
-        ({"models/attn_only.py": "def f():\n    import attncircuits.core.heads\n"}, "imports core/heads inside a function"),
-        ({"models/attn_only.py": "x = 1\n" * 401}, "models/attn_only has 401 lines"),
+        ({"models/transformer.py": "from ..core.validate import *\n"}, "star-imports core/validate"),
+        ({"models/transformer.py": "from ..core.validate import _range\n"}, "private name _range from core/validate"),
+        ({"models/transformer.py": "def f():\n    from ..core import validate\n"}, "imports core/validate inside a function"),
+        ({"models/transformer.py": "def f():\n    import attncircuits.core.heads\n"}, "imports core/heads inside a function"),
+        ({"models/transformer.py": "x = 1\n" * 401}, "models/transformer has 401 lines"),
         ({"scores2.py": "from .models import attn_only\n"}, "scores2: in no room"),
         ({"analysis/__init__.py": "", "analysis/circuits/__init__.py": "", "analysis/circuits/paths.py": "from ...train import s\n",
           "train/__init__.py": ""}, "analysis/circuits/paths imports train/__init__, which is above it"),
@@ -86,11 +86,11 @@ def test_the_rule_catches_each_kind_of_defect(tmp_path, monkeypatch, files, expe
 @pytest.mark.parametrize(
     "files",
     [
-        {"models/attn_only.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..analysis.scores import S\n",
+        {"models/transformer.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..analysis.scores import S\n",
          "analysis/__init__.py": "", "analysis/scores.py": ""},
         {"course/__init__.py": "", "course/exercises/__init__.py": "", "course/exercises/_run.py": "",
          "course/exercises/_core.py": "from ._run import _call\n"},
-        {"models/attn_only.py": "def f():\n    import math\n"},
+        {"models/transformer.py": "def f():\n    import math\n"},
     ],
 )
 def test_what_the_rule_allows(tmp_path, monkeypatch, files):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.models.attn_only import sinusoidal_positions
+from attncircuits import ModelConfig, Transformer, loss_fn
+from attncircuits.models.parts import sinusoidal_positions
 
 
 def reference_forward(model, tokens):
@@ -33,8 +33,8 @@ def reference_forward(model, tokens):
 
 @pytest.mark.parametrize("n_layers", [0, 1, 2])
 def test_shapes_and_cache(n_layers):
-    cfg = AttnOnlyConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16)
-    model = AttnOnlyTransformer(cfg)
+    cfg = ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16)
+    model = Transformer(cfg)
     tokens = torch.randint(0, 50, (3, 10))
     logits, cache = model.run_with_cache(tokens)
     assert logits.shape == (3, 10, 50)
@@ -134,9 +134,9 @@ def test_bad_head(tiny_model):
 
 def test_bad_config():
     with pytest.raises(ValueError, match="d_model"):
-        AttnOnlyConfig(d_model=0)
+        ModelConfig(d_model=0)
     with pytest.raises(ValueError, match="unknown config fields"):
-        AttnOnlyConfig.from_dict({"n_layers": 1, "d_mlp": 4})
+        ModelConfig.from_dict({"n_layers": 1, "d_ff": 4})
 
 
 def test_head_indices_are_ints_that_exist_and_never_wrap(tiny_model):
@@ -158,23 +158,23 @@ def test_loss_fn_refuses_one_token_rows_instead_of_nan():
 
 
 def test_large_logits_come_from_huge_pages_and_equal_the_plain_matmul():
-    """`_unembed` writes large logits into their own madvise'd memory: the same bits as ``@``, a
+    """`unembed` writes large logits into their own madvise'd memory: the same bits as ``@``, a
     fresh tensor at every call (no buffer shared between calls), plain ``@`` under autograd."""
-    from attncircuits.models.attn_only import HUGE_PAGE_MIN_BYTES, _unembed
+    from attncircuits.models.parts import HUGE_PAGE_MIN_BYTES, unembed
 
     resid, W_U = torch.randn(8, 128, 64), torch.randn(64, 2048)
     assert resid.shape[0] * resid.shape[1] * W_U.shape[1] * 4 >= HUGE_PAGE_MIN_BYTES
     with torch.no_grad():
-        a, b = _unembed(resid, W_U), _unembed(resid, W_U)
+        a, b = unembed(resid, W_U), unembed(resid, W_U)
     assert torch.equal(a, resid @ W_U) and torch.equal(a, b)
     assert a.data_ptr() != b.data_ptr()
     a.zero_()  # the caller owns it: writing to one leaves the other as it was
     assert torch.equal(b, resid @ W_U)
     W = W_U.clone().requires_grad_()
-    out = _unembed(resid, W)
+    out = unembed(resid, W)
     out.sum().backward()  # autograd takes the plain path
     torch.testing.assert_close(W.grad, resid.sum((0, 1))[:, None].expand(-1, 2048), atol=1e-3, rtol=1e-4)
-    small = _unembed(resid[:1, :2], W_U)
+    small = unembed(resid[:1, :2], W_U)
     assert torch.equal(small, resid[:1, :2] @ W_U)
 
 

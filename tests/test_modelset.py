@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, data
+from attncircuits import ModelConfig, Transformer, data
 from attncircuits.checkpoints import modelset, pretrained
 from attncircuits.checkpoints.modelset import ENV, ModelSetError, check_model_set
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, PRETRAINED_DIR, load_pretrained, save_checkpoint
@@ -18,7 +18,7 @@ NAMES = modelset.SET_MODEL_NAMES
 
 def tiny(n_layers, d_vocab):
     torch.manual_seed(n_layers)
-    return AttnOnlyTransformer(AttnOnlyConfig(n_layers=n_layers, d_model=16, n_heads=2, d_head=8,
+    return Transformer(ModelConfig(n_layers=n_layers, d_model=16, n_heads=2, d_head=8,
                                               d_vocab=d_vocab, n_ctx=128))
 
 

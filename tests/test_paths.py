@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits import ModelConfig, Transformer
 from attncircuits.analysis.circuits.factored import full_ov_circuit
 from attncircuits.analysis.circuits.paths import attention_patterns_from_weights, path_expansion, path_expansion_error
 
 
 def tiny(n_layers, seed=0):
     torch.manual_seed(seed)
-    return AttnOnlyTransformer(AttnOnlyConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    return Transformer(ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
 
 
 @pytest.fixture(scope="module")

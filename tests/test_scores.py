@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from attncircuits import ModelConfig, Transformer, loss_fn
 from attncircuits.analysis.losses import (
     ablated_loss,
     ablation_effects,
@@ -48,12 +48,12 @@ TOK, PREV, OUT = (torch.arange(2 * P + i * V, 2 * P + (i + 1) * V) for i in rang
 EMBED = 10.0  # embedding scale: large next to the sinusoids (|pos| <= 1) that queries and keys also see
 
 
-def hand_built_cfg(n_layers: int = 2) -> AttnOnlyConfig:
-    return AttnOnlyConfig(n_layers=n_layers, d_model=2 * P + 3 * V, n_heads=2, d_head=V, d_vocab=V, n_ctx=64)
+def hand_built_cfg(n_layers: int = 2) -> ModelConfig:
+    return ModelConfig(n_layers=n_layers, d_model=2 * P + 3 * V, n_heads=2, d_head=V, d_vocab=V, n_ctx=64)
 
 
 @torch.no_grad()
-def hand_built_induction_model() -> AttnOnlyTransformer:
+def hand_built_induction_model() -> Transformer:
     """Residual stream = [positions' dims | token | previous token | output], all one-hot blocks.
 
     L0H0 (previous-token head): its query is the position ``p_i`` and its key the position rotated
@@ -64,7 +64,7 @@ def hand_built_induction_model() -> AttnOnlyTransformer:
     the unembedding reads. The second head of each layer is all zeros (a head that does nothing).
     """
     cfg = hand_built_cfg()
-    m = AttnOnlyTransformer(cfg)
+    m = Transformer(cfg)
     for p in m.parameters():
         p.zero_()
     eye = torch.arange(V)
@@ -87,9 +87,9 @@ def hand_built_induction_model() -> AttnOnlyTransformer:
     return m.eval()
 
 
-def one_layer_from(model: AttnOnlyTransformer) -> AttnOnlyTransformer:
+def one_layer_from(model: Transformer) -> Transformer:
     """The same model without its previous-token layer: the induction head's weights, one layer."""
-    one = AttnOnlyTransformer(hand_built_cfg(1))
+    one = Transformer(hand_built_cfg(1))
     sd = {k.replace("blocks.1.", "blocks.0."): v for k, v in model.state_dict().items() if not k.startswith("blocks.0.")}
     one.load_state_dict(sd)
     return one.eval()
@@ -185,7 +185,7 @@ def test_one_layer_model_cannot_prefix_match(induction_model):
     changing the token *before* key j changes nothing, so no one-layer head can look for "the token
     after an earlier copy of mine" except by fixed position."""
     torch.manual_seed(0)
-    random_1l = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    random_1l = Transformer(ModelConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
     toks = torch.randint(1, 50, (1, 12))
     edited = toks.clone()
     edited[0, 5] = (toks[0, 5] + 1) % 49 + 1  # the token before key 6
@@ -193,7 +193,7 @@ def test_one_layer_model_cannot_prefix_match(induction_model):
     s2 = random_1l.run_with_cache(edited)[1].attn_scores[0][0, :, 9, 6]
     torch.testing.assert_close(s1, s2)
     # and in two layers it does change: that is what K-composition buys
-    two = AttnOnlyTransformer(AttnOnlyConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    two = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
     assert not torch.allclose(two.run_with_cache(toks)[1].attn_scores[1][0, :, 9, 6], two.run_with_cache(edited)[1].attn_scores[1][0, :, 9, 6])
     # the induction head's weights alone, without the previous-token layer, are no induction head
     one = one_layer_from(induction_model)
@@ -285,7 +285,7 @@ def test_nonexistent_heads(tiny_model):
         validate.heads(tiny_model, [3])
     with pytest.raises(ValueError, match="'zero' or 'pattern'"):
         ablated_loss(tiny_model, toks, (0, 0), mode="mean")
-    zero = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=8, n_heads=1, d_head=8, d_vocab=50, n_ctx=16))
+    zero = Transformer(ModelConfig(n_layers=0, d_model=8, n_heads=1, d_head=8, d_vocab=50, n_ctx=16))
     with pytest.raises(ValueError, match="no attention heads"):
         copying_scores(zero, seq_len=4)
 
@@ -338,7 +338,7 @@ def test_k_composition_term_matches_the_dense_product(tiny_model):
 def test_k_composition_bad_input(tiny_model):
     from attncircuits.analysis.circuits.induction import induction_eigen_positivity, k_composition_circuit
 
-    one = AttnOnlyTransformer(AttnOnlyConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    one = Transformer(ModelConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
     with pytest.raises(ValueError, match="load a two-layer model"):
         induction_eigen_positivity(one)
     with pytest.raises(IndexError, match="valid heads"):

@@ -80,7 +80,7 @@ def test_training_reproduces_the_shipped_history(monkeypatch):
     """
     from attncircuits import data
     from attncircuits.checkpoints.pretrained import CORPUS_DIR
-    from attncircuits.models.attn_only import AttnOnlyConfig
+    from attncircuits.models.transformer import ModelConfig
     from attncircuits.train import loop as T
     from attncircuits.train.presets import PRESETS
 
@@ -103,7 +103,7 @@ def test_training_reproduces_the_shipped_history(monkeypatch):
         model_kw, train_kw = PRESETS["attn-only-2l"]
         train_tokens, val_tokens, _ = T.corpus_streams(data.load_tokenizer(CORPUS_DIR / "tokenizer.json"))
         with pytest.raises(Stop):
-            T.train(AttnOnlyConfig(**model_kw), T.TrainConfig(**train_kw), train_tokens, val_tokens, progress=False)
+            T.train(ModelConfig(**model_kw), T.TrainConfig(**train_kw), train_tokens, val_tokens, progress=False)
     finally:
         torch.set_num_threads(threads)
     shipped = load_pretrained("attn-only-2l").history["val_loss"][:2]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits import ModelConfig, Transformer
 from attncircuits.analysis.circuits.copying import copying_summary, eigen_copying_score
 from attncircuits.analysis.circuits.factored import full_ov_circuit, full_qk_circuit
 from attncircuits.analysis.circuits.skip_trigrams import (
@@ -22,7 +22,7 @@ V = 20
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return AttnOnlyTransformer(AttnOnlyConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
+    return Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_vocab=50, n_ctx=16))
 
 
 def brute_force_scores(model, layer, n_keys):
@@ -61,8 +61,8 @@ def test_top_skip_trigrams_on_a_subset(model):
 def planted(copy_sign=1.0):
     """A 1-layer model whose head 0 plants two skip-trigrams on source 1:
     destinations 2 and 3 attend to 1; attending to 1 raises outputs 4 and 5 (and 1 itself)."""
-    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=2, d_head=V, d_vocab=V, n_ctx=16)
-    m = AttnOnlyTransformer(cfg)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_head=V, d_vocab=V, n_ctx=16)
+    m = Transformer(cfg)
     with torch.no_grad():
         m.W_E.copy_(10 * torch.eye(32)[:V])
         m.W_U.copy_(torch.eye(32)[:, :V] / 10)
@@ -173,7 +173,7 @@ def test_bad_inputs(model):
         skip_trigram_effects(model, torch.tensor([[1, 2]]), torch.zeros(2, 8, dtype=torch.long))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         skip_trigram_effects(model, torch.tensor([[1, 2, 99]]), torch.zeros(2, 8, dtype=torch.long))
-    zero = AttnOnlyTransformer(AttnOnlyConfig(n_layers=0, d_model=8, n_heads=2, d_head=4, d_vocab=10, n_ctx=4))
+    zero = Transformer(ModelConfig(n_layers=0, d_model=8, n_heads=2, d_head=4, d_vocab=10, n_ctx=4))
     with pytest.raises(ValueError, match="no attention layers"):
         top_skip_trigrams(zero, 0)
 

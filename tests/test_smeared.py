@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from attncircuits import ModelConfig, Transformer, loss_fn
 from attncircuits.analysis.scores import prefix_match_targets
 from attncircuits.models.smeared import SmearedKeyTransformer, smear_scores, train_on_repeated_tokens, varied_repeats
 
-CFG = AttnOnlyConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=40, n_ctx=24)
+CFG = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=40, n_ctx=24)
 
 
 def hand_smeared_patterns(m: SmearedKeyTransformer, tokens):
@@ -58,12 +58,12 @@ def test_no_smear_is_the_ordinary_model_and_gradients_are_finite():
 def test_smeared_one_layer_model_learns_induction():
     """Trained briefly on repeats of varied length, the smeared model prefix-matches; the
     ordinary one-layer model, trained the same way, cannot."""
-    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, d_vocab=64, n_ctx=32)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, d_vocab=64, n_ctx=32)
     toks = varied_repeats(32, 32, 64, torch.Generator().manual_seed(9))
     targets = prefix_match_targets(toks)
     rows = targets.any(-1)  # queries that have an earlier occurrence to match
     pm = {}
-    for name, make in (("smeared", SmearedKeyTransformer), ("plain", AttnOnlyTransformer)):
+    for name, make in (("smeared", SmearedKeyTransformer), ("plain", Transformer)):
         torch.manual_seed(0)
         m = make(cfg)
         losses = train_on_repeated_tokens(m, steps=150, batch_size=16, lr=5e-3)
@@ -76,6 +76,6 @@ def test_smeared_one_layer_model_learns_induction():
 
 def test_smeared_bad_input():
     with pytest.raises(ValueError, match="exactly one layer"):
-        SmearedKeyTransformer(AttnOnlyConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=40, n_ctx=24))
+        SmearedKeyTransformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=40, n_ctx=24))
     with pytest.raises(ValueError, match="at least 1"):
         train_on_repeated_tokens(SmearedKeyTransformer(CFG), steps=0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from attncircuits import AttnOnlyConfig, load_checkpoint, load_pretrained
+from attncircuits import ModelConfig, load_checkpoint, load_pretrained
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint
 from attncircuits.train import PRESETS, TrainConfig, lr_at, train
 from attncircuits.train.cli import main
@@ -21,7 +21,7 @@ TOKENIZER = CORPUS_DIR / "tokenizer.json"
 def tiny_run():
     rng = np.random.default_rng(0)
     stream = np.tile(rng.integers(1, 2048, 40), 60).astype(np.uint16)  # a short text repeated
-    cfg = AttnOnlyConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, n_ctx=32)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, n_ctx=32)
     tcfg = TrainConfig(steps=40, batch_size=8, eval_every=20, eval_batches=1, warmup_steps=5, snapshot_steps=[0, 20])
     return train(cfg, tcfg, stream, stream, progress=False)
 
@@ -120,10 +120,10 @@ def test_nan_weights_never_load(trained, tmp_path):
     model = trained[0]
     broken = {k: v.clone() for k, v in model.state_dict().items()}
     broken["W_E"][3, 5] = float("nan")
-    bad = AttnOnlyConfig.from_dict(model.cfg.to_dict())
-    from attncircuits import AttnOnlyTransformer
+    bad = ModelConfig.from_dict(model.cfg.to_dict())
+    from attncircuits import Transformer
 
-    nan_model = AttnOnlyTransformer(bad)
+    nan_model = Transformer(bad)
     nan_model.load_state_dict(broken)
     out = save_checkpoint(nan_model, tmp_path / "nan", TOKENIZER)  # manifest matches: only the check catches it
     with pytest.raises(ValueError, match="holds NaN or infinite weights \\(W_E\\)"):
@@ -281,7 +281,7 @@ def test_every_shipped_model_names_its_tokenizer():
 
 @pytest.mark.parametrize("call, error, expected", [
     (lambda: load_pretrained("attn-only-1l", device="bogus"), ValueError, "device 'bogus' is not a device; use one of cpu"),
-    (lambda: load_pretrained("attn-only-1l", device="cuda:99"), ValueError, "is not available here; use one of cpu"),
+    (lambda: load_pretrained("attn-only-1l", device="cuda:99"), ValueError, "is not available here (torch"),
     (lambda: load_pretrained(4), KeyError, "unknown model 4"),
     (lambda: load_checkpoint(4), TypeError, "directory must be a path"),
     (lambda: load_checkpoint(None), TypeError, "directory must be a path"),

@@ -9,15 +9,18 @@ back up (``tests/layout.py`` holds the package to this; ``python tests/layout.py
 ``core/``            knows no model: head names (``"1.0"``), one check per kind of input with one
                      message style (``validate``), durable writes, SHA-256 manifests
 ``data``             corpus, tokenizer, batches, repeated random tokens
-``models/``          the attention-only transformer (``attn_only``, the framework's exact object);
-                     chapter 10's TransformerLens model (``hooked``); smeared keys, hand-written
-                     weights; the TransformerLens bridge (``interop``)
+``models/``          one interface for every model (``interface``); the family as configuration
+                     (``config``), built by one class (``transformer``: with the default config
+                     the framework's exact object) from ``parts``; chapter 10's TransformerLens
+                     model (``hooked``); smeared keys, hand-written weights; the TransformerLens
+                     bridge (``interop``)
 ``checkpoints/``     the model set in use, loading, saving and verifying checkpoints and the
                      corpus files; the shipped weights in ``checkpoints/shipped/``
 ``analysis/``        reads a model, draws nothing: ``circuits/`` from **weights** (factored
                      matrices, QK/OV, bigrams, paths, skip-trigrams, copying, composition,
                      induction); ``losses`` from **losses** (repeated tokens, in-context learning,
-                     ablations); ``scores`` from **attention patterns** and activations
+                     ablations); ``scores``, the registry of head **detectors**, from attention
+                     patterns; ``attribution``, the logit and scores split into their terms
 ``show/``            draws what it is given, computes nothing: ``plotting/``, ``widgets/``
 ``train/``           the loop, presets, command line (``python -m attncircuits.train``), run
                      folders, model sets, replicates, the learner's own text, the live run
@@ -37,7 +40,9 @@ function, no module over 400 lines.
 """
 
 from attncircuits.checkpoints.pretrained import MODEL_NAMES, load_checkpoint, load_pretrained
-from attncircuits.models.attn_only import ActivationCache, AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.parts import ActivationCache, loss_fn
+from attncircuits.models.transformer import Transformer
 
-__all__ = ["ActivationCache", "AttnOnlyConfig", "AttnOnlyTransformer", "MODEL_NAMES", "load_checkpoint", "load_pretrained", "loss_fn"]
+__all__ = ["ActivationCache", "ModelConfig", "Transformer", "MODEL_NAMES", "load_checkpoint", "load_pretrained", "loss_fn"]
 __version__ = "0.1.0"

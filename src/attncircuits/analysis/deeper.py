@@ -1,15 +1,17 @@
-"""Chapter 10's measures: the course's detectors, composition scores, ablations and path
-expansion, on a TransformerLens model with LayerNorm and MLPs (:mod:`attncircuits.models.hooked`).
+"""Chapter 10's measures for models with LayerNorm and MLPs: ablation hooks, the logit split into
+its writers with the final LayerNorm's scale frozen, the attention-only path expansion's gap, and
+TransformerLens's own head detector to compare the course's with.
 
-LayerNorm is folded into the weights that read the residual stream (:func:`folded`) before any
-weight is read, so chapter 5's composition scores mean what they meant there; where the logits
-are split into paths, the final LayerNorm's scale is frozen at its real value, as TransformerLens's
-``decompose_resid`` does: the only sense in which a model with LayerNorm is a sum of paths.
+The course's detectors (:mod:`attncircuits.analysis.scores`) and composition scores
+(:mod:`attncircuits.analysis.circuits`) run on these models as on every other, through the one
+model interface: LayerNorm is folded into the weights that read the residual stream
+(``model.folded()``) before any weight is read. Where the logits are split into paths, the final
+LayerNorm's scale is frozen at its real value, as TransformerLens's ``decompose_resid`` does: the
+only sense in which a model with LayerNorm is a sum of paths.
 """
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,87 +19,14 @@ from typing import TYPE_CHECKING
 import torch
 from einops import einsum
 
-from attncircuits.analysis.circuits import CompositionScores, FactoredMatrix, random_composition_baseline
-from attncircuits.analysis.losses import repeated_tokens
-from attncircuits.analysis.scores import (
-    HeadScores,
-    copying_score_of_logits,
-    prefix_matching_scores,
-    previous_token_scores,
-)
 from attncircuits.core import validate
 from attncircuits.core.heads import head_name
-from attncircuits.models.attn_only import loss_fn
+from attncircuits.models.parts import loss_fn
 from attncircuits.models.hooked import require_transformer_lens
 from attncircuits.models.interop import wrap_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
-
-
-def folded(model) -> "HookedTransformer":
-    """A copy with LayerNorm folded into the weights that read the residual stream (and the
-    writing weights and unembedding centred), TransformerLens's ``process_weights_``: the same
-    logits, and weight matrices whose products mean what chapter 5's composition scores assume."""
-    out = copy.deepcopy(model)
-    out.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
-    return out.eval()
-
-
-def head_circuits(model, layer: int) -> dict[str, FactoredMatrix]:
-    """Like chapter 5's circuits, from a folded model: what each head of ``layer`` writes
-    (``ov = W_V W_O``) and what it reads through its query (``q = W_Q W_Kᵀ``), key (``k = W_QKᵀ``)
-    and value (``v = W_OV``), ``[n_heads, d_model, d_model]`` factored, float64."""
-    W_Q, W_K, W_V, W_O = (getattr(model, name)[layer].detach().double() for name in ("W_Q", "W_K", "W_V", "W_O"))
-    ov, qk = FactoredMatrix(W_V, W_O), FactoredMatrix(W_Q, W_K.mT)
-    return {"ov": ov, "q": qk, "k": qk.T, "v": ov}
-
-
-@torch.no_grad()
-def composition_scores(model, writer_layer: int, reader_layer: int, n_samples: int = 500, seed: int = 0) -> CompositionScores:
-    """Chapter 5's Q-, K- and V-composition scores between two layers of a folded model (see
-    :func:`folded`), against random heads of the same shape."""
-    validate.depth(model, "composition between two layers", at_least=2)
-    writer_layer = validate.layer(model.cfg.n_layers, writer_layer)
-    reader_layer = validate.layer(model.cfg.n_layers, reader_layer)
-    if writer_layer >= reader_layer:
-        raise ValueError(f"a head reads only what earlier layers wrote: writer_layer ({writer_layer}) "
-                         f"must be below reader_layer ({reader_layer})")
-    w, r = head_circuits(model, writer_layer)["ov"], head_circuits(model, reader_layer)
-    pair_w = FactoredMatrix(w.A[:, None], w.B[:, None])  # [writer, 1, ...]
-    scores = {}
-    for kind in ("q", "k", "v"):
-        pair_r = FactoredMatrix(r[kind].A[None], r[kind].B[None])  # [1, reader, ...]
-        scores[kind] = ((pair_w @ pair_r).norm() / (pair_w.norm() * pair_r.norm())).float()
-    baseline = random_composition_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
-    return CompositionScores(**scores, baseline=baseline, writer_layer=writer_layer, reader_layer=reader_layer)
-
-
-@torch.no_grad()
-def copying_scores(model, seq_len: int = 25, batch_size: int = 8, seed: int = 0) -> torch.Tensor:
-    """Olsson et al.'s copying score of every head (see :func:`attncircuits.analysis.scores.copying_scores`),
-    through the folded model: a head's direct effect on the logits, ``v W_O W_U``, with the final
-    LayerNorm's gain in ``W_U`` (its scale, one positive number per position, cancels in the
-    score)."""
-    fm = folded(model)
-    toks = repeated_tokens(fm, seq_len, 1, batch_size, seed)
-    _, cache = fm.run_with_cache(toks, names_filter=lambda name: name.endswith("hook_v"))
-    src = toks[:, 1:].flatten()
-    out = torch.empty(fm.cfg.n_layers, fm.cfg.n_heads)
-    for layer in range(fm.cfg.n_layers):
-        v = cache["v", layer][:, 1:].flatten(0, 1)  # [n, head, d_head]
-        out[layer] = copying_score_of_logits(einsum(v, fm.W_O[layer], fm.W_U, "n h dh, h dh dm, dm vocab -> n h vocab"), src)
-    return out
-
-
-def head_scores(model, text_tokens: torch.Tensor, seq_len: int = 25, n_repeats: int = 4, seed: int = 0) -> HeadScores:
-    """The course's three detectors (chapters 6-7) on this model: previous-token on real text,
-    prefix matching on random tokens repeated, copying through the folded weights."""
-    return HeadScores(
-        previous_token=previous_token_scores(model, text_tokens).cpu(),
-        prefix_matching=prefix_matching_scores(model, seq_len, n_repeats, seed=seed).cpu(),
-        copying=copying_scores(model, seq_len=min(seq_len, model.cfg.n_ctx - 1), seed=seed),
-    )
 
 
 def with_tokenizer(model, tokenizer) -> "HookedTransformer":
@@ -223,7 +152,7 @@ def logit_shares(model, tokens: torch.Tensor) -> LogitShares:
     real value (:func:`frozen_ln`, TransformerLens's ``decompose_resid`` and
     ``apply_ln_to_stack``): an exact sum in the frozen-scale sense, the only one a model with
     LayerNorm allows."""
-    fm = folded(model)
+    fm = model.folded()
     tokens = validate.tokens(fm, tokens, 2, "a next-token logit (a token to predict)")
     scaled, labels = _components(fm, tokens)
     scaled = scaled[:, :, :-1]  # [comp, batch, pos-1, d_model]: positions with a next token
@@ -250,7 +179,7 @@ def attention_only_gap(model, tokens: torch.Tensor) -> ExpansionGap:
     """Chapters 3 and 5's path expansion, applied to a model with MLPs: the frozen-scale sum of the
     embeddings, every head and the biases (:func:`logit_shares`' terms without the MLPs), against
     the real logits. Heads still read what earlier MLPs wrote; only the MLPs' direct paths go."""
-    fm = folded(model)
+    fm = model.folded()
     tokens = validate.tokens(fm, tokens, 2, "a next-token loss (a token to predict)")
     scaled, labels = _components(fm, tokens)
     keep = torch.tensor([not lab.startswith("mlp") for lab in labels])

@@ -23,7 +23,8 @@ from torch import Tensor
 from attncircuits.core import validate
 from attncircuits.core.heads import Head
 from attncircuits.data import repeated_rows
-from attncircuits.models.attn_only import ActivationCache, AttnOnlyTransformer, loss_fn
+from attncircuits.models.parts import ActivationCache, loss_fn
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "AblationMode",
@@ -51,7 +52,7 @@ COPY_LOSS = "the loss of a copy (each copy's first token has nothing before it t
 
 
 def repeated_tokens(
-    model: AttnOnlyTransformer, seq_len: int | None = None, n_repeats: int = 2, batch_size: int = 16, seed: int = 0
+    model: Transformer, seq_len: int | None = None, n_repeats: int = 2, batch_size: int = 16, seed: int = 0
 ) -> Int[Tensor, "batch pos"]:
     """``[EOT] r1..rL r1..rL ...`` for this model's vocabulary; by default the longest L that fits."""
     seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size)
@@ -75,7 +76,7 @@ class RepeatedLoss:
 
 @torch.no_grad()
 def repeated_token_loss(
-    model: AttnOnlyTransformer, seq_len: int | None = None, batch_size: int = 16, seed: int = 0
+    model: Transformer, seq_len: int | None = None, batch_size: int = 16, seed: int = 0
 ) -> RepeatedLoss:
     """Loss on ``[EOT] r1..rL r1..rL``: first copy (targets r2..rL) vs second copy (targets r2..rL
     again). The first target of each copy is left out: no earlier context predicts it."""
@@ -105,7 +106,7 @@ class RepeatedLossCurve:
 
 @torch.no_grad()
 def per_token_loss(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 32, **forward_kwargs
+    model: Transformer, tokens: Int[Tensor, "batch pos"], chunk: int = 32, **forward_kwargs
 ) -> Float[Tensor, "batch target"]:
     """Next-token loss of every row and position; entry ``[b, t]`` predicts token ``t + 1`` of row ``b``.
     Rows run ``chunk`` at a time (the logits of 32 x 128 tokens are 32 MB); ``forward_kwargs``
@@ -119,7 +120,7 @@ def _per_token_loss(model, tokens: Tensor, chunk: int = 32, **forward_kwargs) ->
 
 
 def per_position_loss(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], chunk: int = 32, **forward_kwargs
+    model: Transformer, tokens: Int[Tensor, "batch pos"], chunk: int = 32, **forward_kwargs
 ) -> Float[Tensor, "target"]:
     """Mean next-token loss at each position over the batch; entry ``t`` predicts token ``t + 1``."""
     return per_token_loss(model, tokens, chunk, **forward_kwargs).mean(0)
@@ -127,7 +128,7 @@ def per_position_loss(
 
 @torch.no_grad()
 def repeated_loss_curve(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     seq_len: int | None = None,
     n_repeats: int = 2,
     batch_size: int = 16,
@@ -156,7 +157,7 @@ def icl_positions(n_ctx: int, late: int = 500, early: int = 50, ref_ctx: int = 5
 
 @torch.no_grad()
 def in_context_learning_score(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     tokens: Int[Tensor, "batch pos"],
     late: int | None = None,
     early: int | None = None,
@@ -175,7 +176,7 @@ def in_context_learning_score(
 
 @torch.no_grad()
 def loss_at_positions(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], positions: Sequence[int], chunk: int = 64
+    model: Transformer, tokens: Int[Tensor, "batch pos"], positions: Sequence[int], chunk: int = 64
 ) -> Float[Tensor, " k"]:
     """Mean loss of predicting the token at each of ``positions`` (1..n-1), over the batch.
 
@@ -195,11 +196,8 @@ def loss_at_positions(
 def _loss_at_positions(model, tokens: Tensor, pos: Tensor, chunk: int = 64) -> Tensor:
     total = torch.zeros(len(pos))
     for rows in tokens.split(chunk):
-        if isinstance(model, AttnOnlyTransformer):  # unembed only the positions scored
-            _, cache = model.forward_checked(rows, return_cache=True)
-            logp = (cache.resid[-1][:, pos - 1] @ model.W_U).log_softmax(-1)  # [batch, k, d_vocab]
-        else:  # chapter 10's HookedTransformer (LayerNorm before the unembedding)
-            logp = model(rows)[:, pos - 1].log_softmax(-1)
+        _, cache = model.forward_checked(rows, return_cache=True)  # unembed only the positions scored
+        logp = model.to_logits(cache.resid[-1][:, pos - 1]).log_softmax(-1)  # [batch, k, d_vocab]
         total += -logp.gather(-1, rows[:, pos, None])[..., 0].sum(0).cpu()
     return total / tokens.shape[0]
 
@@ -249,7 +247,7 @@ def _check_mode(mode) -> str:
     return mode
 
 
-def zero_ablation(model: AttnOnlyTransformer, heads: Head | Iterable[Head]) -> dict:
+def zero_ablation(model: Transformer, heads: Head | Iterable[Head]) -> dict:
     """Forward keyword arguments that zero the output of ``heads``: ``model(tokens, **zero_ablation(...))``.
 
     Downstream heads then see a residual stream without these heads, so their attention patterns can
@@ -258,7 +256,7 @@ def zero_ablation(model: AttnOnlyTransformer, heads: Head | Iterable[Head]) -> d
 
 
 @torch.no_grad()
-def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], heads: Head | Iterable[Head]) -> dict:
+def mean_ablation(model: Transformer, tokens: Int[Tensor, "batch pos"], heads: Head | Iterable[Head]) -> dict:
     """Forward keyword arguments that replace each head's output by its mean over the batch and
     the positions of ``tokens`` (a ``[d_model]`` vector): what the head writes on average stays,
     what it writes *about this input* goes."""
@@ -269,7 +267,7 @@ def mean_ablation(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], 
 
 @torch.no_grad()
 def pattern_preserving_ablation(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     tokens: Int[Tensor, "batch pos"],
     heads: Head | Iterable[Head],
     cache: ActivationCache | None = None,
@@ -293,7 +291,7 @@ def _pattern_kwargs(model, tokens: Tensor, heads: list[Head], cache: ActivationC
 
 @torch.no_grad()
 def ablated_loss(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     tokens: Int[Tensor, "batch pos"],
     heads: Head | Iterable[Head] = (),
     mode: AblationMode = "zero",
@@ -318,7 +316,7 @@ def _ablated_nll(model, tokens: Tensor, heads: list[Head], mode: str, cache) -> 
 
 @torch.no_grad()
 def ablation_effects(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     tokens: Int[Tensor, "batch pos"],
     mode: AblationMode = "zero",
     targets: slice | Sequence[int] | None = None,

@@ -1,49 +1,55 @@
-"""Behaviour-based analysis: run the model and score what each head attends to (chapters 6 and 7).
+"""Head detectors: run the model and score what each head attends to (chapters 6, 7, 10, 11).
 
-Where ``circuits`` reads weights, this module runs forward passes:
+Where ``circuits`` reads weights, this module runs forward passes. Every detector is one function
+of a model and one entry of :data:`DETECTORS`; each runs on every member of the family and on
+chapter 10's model, through the one model interface (:mod:`attncircuits.models.interface`):
 
-- per-head scores: previous-token (real text), prefix-matching and copying (Olsson et al. 2022,
-  on random tokens repeated), collected by :func:`head_scores`;
-- value-weighted attention (the paper's way of showing where information really comes from);
-- repeats in real text, and the phase change in a training history.
+``previous_token`` (on real text), ``prefix_matching`` (Olsson et al.'s induction score: attention
+to the token after an earlier copy of the query's token), ``duplicate_token`` (attention to earlier
+copies of the query's own token), ``copying`` (how much a head raises the logit of the token it
+attends to, through the folded weights) and ``positional`` (how alike a head's patterns are on
+different random texts) — the last four on random tokens, repeated where copies are needed.
 
-The loss-based measures (loss on repeated tokens, the in-context-learning score, ablations) live
-in :mod:`attncircuits.analysis.losses`, and the chapters import them from there.
+A new detector is one function and one line: ``register("name", "column", fn)``, with ``fn(model,
+probe)`` returning ``[layer, head]`` (a :class:`Probe` holds the text and the random batches);
+:func:`head_scores` then computes it, and :class:`HeadScores` prints it, with every other.
+Also here: value-weighted attention (the paper's way of showing where information really comes
+from), repeats in real text, and the phase change in a training history. The loss-based measures
+(loss on repeated tokens, the in-context-learning score, ablations) are in
+:mod:`attncircuits.analysis.losses`; the logit and score attributions in
+:mod:`attncircuits.analysis.attribution`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attncircuits.analysis.circuits.paths import next_token_contributions
 from attncircuits.core import validate
 from attncircuits.core.heads import Head, head_name
 from attncircuits.data import repeated_rows
-from attncircuits.models.attn_only import ActivationCache, AttnOnlyTransformer
-
-SCORES = ("previous_token", "prefix_matching", "copying")
+from attncircuits.models.parts import ActivationCache
 
 
-def _patterns(model: AttnOnlyTransformer, tokens: Tensor, **forward_kwargs) -> Float[Tensor, "layer batch head q k"]:
-    if not isinstance(model, AttnOnlyTransformer) and not forward_kwargs:  # chapter 10's HookedTransformer
-        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
-        return torch.stack([cache["pattern", layer] for layer in range(model.cfg.n_layers)])
+def _patterns(model, tokens: Tensor, **forward_kwargs) -> Float[Tensor, "layer batch head q k"]:
     _, cache = model.forward_checked(tokens, return_cache=True, **forward_kwargs)
     return torch.stack(cache.pattern)
 
 
-# ----------------------------------------------------------------------------------------------
-# Per-head attention scores
-# ----------------------------------------------------------------------------------------------
+def _device(model) -> torch.device:
+    return model.W_E.device
+
+
+# ---- the detectors ---------------------------------------------------------------------------
 
 
 @torch.no_grad()
-def previous_token_scores(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
+def previous_token_scores(model, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer head"]:
     """Mean attention from each position to the one before it (positions 1..n-1)."""
     validate.depth(model, "attention heads to score")
     tokens = validate.tokens(model, tokens, 2, "a previous-token score (a token with one before it)")
@@ -83,9 +89,39 @@ def _prefix_targets(tokens: Tensor) -> Tensor:
     return out
 
 
+def _duplicate_targets(tokens: Tensor) -> Tensor:
+    """``[batch, q, k]`` True where key k < q holds query q's own token."""
+    n = tokens.shape[1]
+    earlier = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril(-1)
+    return (tokens[:, :, None] == tokens[:, None, :]) & earlier
+
+
+def _repeated_batch(model, seq_len, n_repeats, batch_size, seed, tokens, what):
+    validate.depth(model, "attention heads to score")
+    why = f"{what} is measured on the later copies"
+    seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size, min_repeats=2, why=why)
+    if tokens is None:
+        tokens = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
+    tokens = validate.tokens(model, tokens)
+    if tokens.shape[1] != 1 + seq_len * n_repeats:
+        raise ValueError(
+            f"tokens has {tokens.shape[1]} positions per row, but [EOT] + {n_repeats} copies of seq_len={seq_len} "
+            f"are {1 + seq_len * n_repeats}; pass tokens = repeated_tokens(model, seq_len, n_repeats) or the matching seq_len"
+        )
+    return seq_len, tokens
+
+
+def _mass_on_later_copies(model, tokens, seq_len, target, **forward_kwargs) -> Tensor:
+    pat = _patterns(model, tokens, **forward_kwargs)  # [layer, batch, head, q, k]
+    later = torch.zeros(tokens.shape[1], dtype=torch.bool, device=tokens.device)
+    later[1 + seq_len :] = True  # queries in copies 2, 3, ...
+    mass = einsum(pat, target.to(pat.dtype), "l b h q k, b q k -> l b h q")
+    return mass[..., later].mean(dim=(1, 3))
+
+
 @torch.no_grad()
 def prefix_matching_scores(
-    model: AttnOnlyTransformer,
+    model,
     seq_len: int = 25,
     n_repeats: int = 4,
     batch_size: int = 16,
@@ -101,49 +137,53 @@ def prefix_matching_scores(
     ``forward_kwargs`` go to the model, e.g. ``**zero_ablation(model, (0, 3))`` to score the heads
     with another head removed.
     """
-    validate.depth(model, "attention heads to score")
-    why = "prefix matching is measured on the later copies"
-    seq_len, n_repeats, batch_size = validate.repeat_args(model, seq_len, n_repeats, batch_size, min_repeats=2, why=why)
-    if tokens is None:
-        tokens = repeated_rows(batch_size, seq_len, n_repeats, model.cfg.d_vocab, seed)
-    tokens = validate.tokens(model, tokens)
-    if tokens.shape[1] != 1 + seq_len * n_repeats:
-        raise ValueError(
-            f"tokens has {tokens.shape[1]} positions per row, but [EOT] + {n_repeats} copies of seq_len={seq_len} "
-            f"are {1 + seq_len * n_repeats}; pass tokens = repeated_tokens(model, seq_len, n_repeats) or the matching seq_len"
-        )
-    pat = _patterns(model, tokens, **forward_kwargs)  # [layer, batch, head, q, k]
-    target = _prefix_targets(tokens)  # [batch, q, k]
-    later = torch.zeros(tokens.shape[1], dtype=torch.bool, device=tokens.device)
-    later[1 + seq_len :] = True  # queries in copies 2, 3, ...
-    mass = einsum(pat, target.to(pat.dtype), "l b h q k, b q k -> l b h q")
-    return mass[..., later].mean(dim=(1, 3))
+    seq_len, tokens = _repeated_batch(model, seq_len, n_repeats, batch_size, seed, tokens, "prefix matching")
+    return _mass_on_later_copies(model, tokens, seq_len, _prefix_targets(tokens), **forward_kwargs)
 
 
 @torch.no_grad()
-def copying_scores(
-    model: AttnOnlyTransformer, seq_len: int = 25, batch_size: int = 8, seed: int = 0
+def duplicate_token_scores(
+    model,
+    seq_len: int = 25,
+    n_repeats: int = 4,
+    batch_size: int = 16,
+    seed: int = 0,
+    tokens: Int[Tensor, "batch pos"] | None = None,
+    **forward_kwargs,
 ) -> Float[Tensor, "layer head"]:
+    """The duplicate-token score: on random tokens repeated ``n_repeats`` times, the attention a
+    query in a later copy pays to earlier occurrences of its own token (one position before the
+    prefix-matching target). 1 for a head that looks only at earlier copies of its token.
+    ``tokens`` and ``forward_kwargs`` as for :func:`prefix_matching_scores`."""
+    seq_len, tokens = _repeated_batch(model, seq_len, n_repeats, batch_size, seed, tokens, "duplicate-token attention")
+    return _mass_on_later_copies(model, tokens, seq_len, _duplicate_targets(tokens), **forward_kwargs)
+
+
+@torch.no_grad()
+def copying_scores(model, seq_len: int = 25, batch_size: int = 8, seed: int = 0) -> Float[Tensor, "layer head"]:
     """How much each head raises the logit of the token it attends to, in ``[-1, 1]``.
 
     Following Olsson et al.: for every source position of random tokens, take the head's direct
     effect on the logits if it attended there, ``ℓ = v W_O W_U`` (``v`` from the real residual
-    stream, so a layer-1 head sees what layer 0 wrote); subtract the mean over the vocabulary;
-    rectify into the promoted part ``relu(ℓ)`` and the suppressed part ``relu(-ℓ)``; rescale each by
-    its largest entry. The score of one source token ``t`` is
+    stream, so a layer-1 head sees what layer 0 wrote; in a model with LayerNorm, through the folded
+    weights, the final LayerNorm's scale cancelling in the score); subtract the mean over the
+    vocabulary; rectify into the promoted part ``relu(ℓ)`` and the suppressed part ``relu(-ℓ)``;
+    rescale each by its largest entry. The score of one source token ``t`` is
     ``relu(ℓ)[t] / max relu(ℓ) - relu(-ℓ)[t] / max relu(-ℓ)``: +1 when ``t`` is the token the head
     promotes most (perfect copying), -1 when it is the one it suppresses most, about 0 for a head
     whose output does not single ``t`` out. Heads get the mean over source tokens.
     """
     validate.depth(model, "attention heads to score")
     seq_len, _, batch_size = validate.repeat_args(model, seq_len, 1, batch_size)
-    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed).to(next(model.parameters()).device)
-    _, cache = model.forward_checked(toks, return_cache=True)
+    fm = model.folded()
+    toks = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed).to(_device(model))
+    _, cache = fm.forward_checked(toks, return_cache=True)
     src = toks[:, 1:].flatten()  # the random tokens (the start token is left out)
     out = torch.empty(model.cfg.n_layers, model.cfg.n_heads)
-    for layer, block in enumerate(model.blocks):
+    W_O, W_U = fm.W_O, fm.W_U
+    for layer in range(model.cfg.n_layers):
         v = cache.v[layer][:, 1:].flatten(0, 1)  # [n, head, d_head]
-        out[layer] = copying_score_of_logits(einsum(v, block.W_O, model.W_U, "n h dh, h dh dm, dm vocab -> n h vocab"), src)
+        out[layer] = copying_score_of_logits(einsum(v, W_O[layer], W_U, "n h dh, h dh dm, dm vocab -> n h vocab"), src)
     return out
 
 
@@ -158,40 +198,112 @@ def copying_score_of_logits(logits: Float[Tensor, "n head vocab"], src: Int[Tens
     return score.mean(0).cpu()
 
 
-@dataclass
-class HeadScores:
-    """The three behavioural scores of every head, each ``[layer, head]``."""
+@torch.no_grad()
+def positional_scores(model, seq_len: int = 48, batch_size: int = 16, seed: int = 0,
+                      tokens: Int[Tensor, "batch pos"] | None = None, **forward_kwargs) -> Float[Tensor, "layer head"]:
+    """How much of where a head looks is decided by positions alone: on ``batch_size`` rows of
+    random tokens (or ``tokens``), one minus the mean total-variation distance between a query's
+    pattern and the same query's pattern averaged over the rows (queries 1 on). 1 when every text
+    gets the same pattern, near 0 when the pattern follows the tokens. A head with nothing to do on
+    random text often rests on the first token, and scores high too: read it beside the others."""
+    validate.depth(model, "attention heads to score")
+    if tokens is None:
+        seq_len, _, batch_size = validate.repeat_args(model, seq_len, 1, batch_size)
+        tokens = repeated_rows(batch_size, seq_len, 1, model.cfg.d_vocab, seed).to(_device(model))
+    tokens = validate.tokens(model, tokens, 2, "a positional score (a query with a choice)")
+    if tokens.shape[0] < 2:
+        raise ValueError(f"{tokens.shape[0]} row: a positional score compares patterns across rows; use 2 or more")
+    pat = _patterns(model, tokens, **forward_kwargs)[..., 1:, :]  # [layer, batch, head, q, k]
+    tv = 0.5 * (pat - pat.mean(1, keepdim=True)).abs().sum(-1)  # [layer, batch, head, q]
+    return (1 - tv.mean(dim=(1, 3))).cpu()
 
-    previous_token: Tensor
-    prefix_matching: Tensor
-    copying: Tensor
+
+# ---- the registry, and every head's scores at once -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the detectors run on: real-text windows and Olsson's random tokens repeated."""
+
+    text: Tensor | None  # [batch, pos] token windows of real text (None: the text detectors are left out)
+    seq_len: int = 25
+    n_repeats: int = 4
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Detector:
+    name: str  # the score's name, a HeadScores field
+    column: str  # its table header
+    fn: Callable[[object, Probe], Tensor]  # (model, probe) -> [layer, head]
+    needs_text: bool = False
+
+
+#: every head detector of the course, in table order: :func:`register` adds one
+DETECTORS: dict[str, Detector] = {}
+
+
+def register(name: str, column: str, fn: Callable[[object, Probe], Tensor], needs_text: bool = False) -> None:
+    """Add a detector: ``fn(model, probe) -> [layer, head]`` scores, printed under ``column``."""
+    if not name.isidentifier():
+        raise ValueError(f"a detector's name is a HeadScores field: use a Python name, got {name!r}")
+    DETECTORS[name] = Detector(name, column, fn, needs_text)
+
+
+def _seq(model, probe: Probe) -> int:
+    return min(probe.seq_len, model.cfg.n_ctx - 1)
+
+
+register("previous_token", "prev-token", lambda m, p: previous_token_scores(m, p.text), needs_text=True)
+register("prefix_matching", "prefix-match", lambda m, p: prefix_matching_scores(m, p.seq_len, p.n_repeats, seed=p.seed))
+register("duplicate_token", "dup-token", lambda m, p: duplicate_token_scores(m, p.seq_len, p.n_repeats, seed=p.seed))
+register("copying", "copying", lambda m, p: copying_scores(m, seq_len=_seq(m, p), seed=p.seed))
+register("positional", "positional", lambda m, p: positional_scores(m, seq_len=min(48, _seq(m, p)), seed=p.seed))
+
+#: the detectors' names (HeadScores' fields), in table order
+SCORES = tuple(DETECTORS)
+
+
+class HeadScores:
+    """The detectors' scores of every head, each ``[layer, head]``, as attributes by name
+    (``scores.prefix_matching``): one per entry of :data:`DETECTORS` that was run."""
+
+    def __init__(self, **scores: Tensor):
+        unknown = sorted(set(scores) - set(DETECTORS))
+        if unknown:
+            raise ValueError(f"unknown scores {unknown}; the detectors are {sorted(DETECTORS)}")
+        if not scores:
+            raise ValueError("HeadScores needs at least one score")
+        self.scores = {name: scores[name] for name in DETECTORS if name in scores}
+
+    def __getattr__(self, name: str) -> Tensor:
+        scores = self.__dict__.get("scores", {})
+        if name in scores:
+            return scores[name]
+        raise AttributeError(f"HeadScores has no {name!r}; it holds {sorted(scores)}")
+
+    def __repr__(self) -> str:
+        return f"HeadScores({', '.join(self.scores)})"
 
     def rows(self) -> list[dict]:
         """One dict per head (``head`` is its name, ``"1.4"``: see :func:`~attncircuits.core.heads.head_name`), for a table."""
-        n_layers, n_heads = self.previous_token.shape
-        return [
-            {
-                "head": head_name(l, h),
-                "previous_token": float(self.previous_token[l, h]),
-                "prefix_matching": float(self.prefix_matching[l, h]),
-                "copying": float(self.copying[l, h]),
-            }
-            for l in range(n_layers)
-            for h in range(n_heads)
-        ]
+        n_layers, n_heads = next(iter(self.scores.values())).shape
+        return [{"head": head_name(l, h), **{k: float(v[l, h]) for k, v in self.scores.items()}}
+                for l in range(n_layers) for h in range(n_heads)]
 
     def table(self) -> str:
         """A fixed-width text table, one row per head."""
-        lines = [f"{'head':>6} {'prev-token':>10} {'prefix-match':>12} {'copying':>8}"]
+        cols = [(name, DETECTORS[name].column) for name in self.scores]
+        lines = [f"{'head':>5} " + " ".join(f"{col:>{max(len(col), 6)}}" for _, col in cols)]
         for r in self.rows():
-            lines.append(f"{r['head']:>6} {r['previous_token']:>10.3f} {r['prefix_matching']:>12.3f} {r['copying']:>8.3f}")
+            lines.append(f"{r['head']:>5} " + " ".join(f"{r[name]:>{max(len(col), 6)}.3f}" for name, col in cols))
         return "\n".join(lines)
 
     def best(self, score: str, layer: int | None = None) -> Head:
         """The ``(layer, head)`` with the highest ``score`` (optionally within one layer)."""
-        if score not in SCORES:
-            raise ValueError(f"unknown score {score!r}; use one of {SCORES}")
-        s = getattr(self, score).clone()
+        if score not in self.scores:
+            raise ValueError(f"unknown score {score!r}; use one of {tuple(self.scores)}")
+        s = self.scores[score].clone()
         if layer is not None:
             layer = validate.layer(s.shape[0], layer)
             s[torch.arange(s.shape[0]) != layer] = -float("inf")
@@ -200,109 +312,50 @@ class HeadScores:
 
 
 def head_scores(
-    model: AttnOnlyTransformer,
-    text_tokens: Int[Tensor, "batch pos"],
+    model,
+    text_tokens: Int[Tensor, "batch pos"] | None,
     seq_len: int = 25,
     n_repeats: int = 4,
     seed: int = 0,
+    detectors: tuple[str, ...] | None = None,
 ) -> HeadScores:
-    """Previous-token score on ``text_tokens`` (real text); prefix-matching score on ``seq_len``
-    random tokens repeated ``n_repeats`` times (Olsson's 25 x 4) and copying score on random tokens,
-    for every head."""
-    return HeadScores(
-        previous_token=previous_token_scores(model, text_tokens).cpu(),
-        prefix_matching=prefix_matching_scores(model, seq_len, n_repeats, seed=seed).cpu(),
-        copying=copying_scores(model, seq_len=min(seq_len, model.cfg.n_ctx - 1), seed=seed),
-    )
+    """Every detector of :data:`DETECTORS` (or those named in ``detectors``) on every head: the
+    text detectors on ``text_tokens`` (real text; None leaves them out), the others on ``seq_len``
+    random tokens repeated ``n_repeats`` times (Olsson's 25 x 4) or once."""
+    validate.depth(model, "attention heads to score")
+    names = tuple(DETECTORS) if detectors is None else tuple(detectors)
+    unknown = [n for n in names if n not in DETECTORS]
+    if unknown:
+        raise ValueError(f"unknown detectors {unknown}; the registry has {list(DETECTORS)}")
+    if text_tokens is None:
+        names = tuple(n for n in names if not DETECTORS[n].needs_text)
+    probe = Probe(text_tokens, seq_len, n_repeats, seed)
+    return HeadScores(**{n: DETECTORS[n].fn(model, probe).cpu() for n in names})
 
 
-def induction_heads(model: AttnOnlyTransformer, threshold: float = 0.3) -> list[Head]:
+def induction_heads(model, threshold: float = 0.3) -> list[Head]:
     """The heads whose prefix-matching score (25 random tokens x 4) is above ``threshold``."""
     pm = prefix_matching_scores(model, batch_size=8)
     return [(int(l), int(h)) for l, h in (pm > threshold).nonzero().tolist()]
 
 
-# ----------------------------------------------------------------------------------------------
-# Attention scores by source, and the logit by term
-# ----------------------------------------------------------------------------------------------
-
-
-def qk_source_names(model: AttnOnlyTransformer) -> list[str]:
-    """The sources of a layer-1 query or key input: the embedding, the positions, each layer-0 head."""
-    return ["embed", "pos"] + [head_name(0, h) for h in range(model.cfg.n_heads)]
-
-
-@torch.no_grad()
-def qk_score_terms(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], head: int
-) -> Float[Tensor, "q_source k_source batch q k"]:
-    """The attention scores of layer-1 head ``head`` split by where the query and the key input
-    come from (:func:`qk_source_names`): the query input is ``W_E[t] + W_pos + Σ_a out^{0,a}`` and
-    so is the key's, so the score is a sum of ``(2 + n_heads)²`` terms
-    ``(src_q W_Q)(src_k W_K)ᵀ / sqrt(d_head)``. Unmasked: the causal mask is not applied."""
-    validate.depth(model, "splitting a layer-1 head's scores by source", at_least=2)
-    tokens = validate.tokens(model, tokens)
-    head = validate.head(model, head)
-    _, cache = model.forward_checked(tokens, return_cache=True)
-    n = tokens.shape[1]
-    parts = [model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)]
-    parts += [cache.head_out[0][:, :, a] for a in range(model.cfg.n_heads)]
-    src = torch.stack(parts)  # [source, batch, pos, d_model]
-    blk = model.blocks[1]
-    q = src @ blk.W_Q[head]
-    k = src @ blk.W_K[head]
-    return einsum(q, k, "s b q d, t b k d -> s t b q k") / model.cfg.d_head**0.5
-
-
-def attribution_labels(model: AttnOnlyTransformer) -> list[str]:
-    """The names of the terms of :func:`logit_attribution`: ``direct``, then ``0.0``, ``0.1``, ...
-    (:func:`~attncircuits.core.heads.head_name`)."""
-    return ["direct"] + [head_name(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-
-
-@torch.no_grad()
-def logit_attribution(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
-) -> Float[Tensor, "batch target term"]:
-    """Each term's share of the logit of the *next* token, at every position but the last: the
-    direct path ``W_E[t] W_U`` and every head's output times ``W_U`` (:func:`attribution_labels`).
-    With no LayerNorm or biases the terms sum exactly to the model's logit of that token."""
-    tokens = validate.tokens(model, tokens, 2, "a next token to attribute")
-    _, cache = model.forward_checked(tokens, return_cache=True)
-    parts = [(model.W_E[tokens] @ model.W_U)[:, :, None]] + [out @ model.W_U for out in cache.head_out]
-    return next_token_contributions(parts, tokens, centered=False)
-
-
-@torch.no_grad()
-def two_back_accuracy(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], back: int = 2) -> float:
-    """How often the model's top prediction at position ``i`` is the token at ``i - back``."""
-    back = validate.count(back, "back")
-    tokens = validate.tokens(model, tokens, back + 1, f"a token {back} back")
-    logits = model.forward_checked(tokens)
-    return float((logits[:, back:].argmax(-1) == tokens[:, :-back]).float().mean())
-
-
-# ----------------------------------------------------------------------------------------------
-# Value-weighted attention
-# ----------------------------------------------------------------------------------------------
+# ---- value-weighted attention ----------------------------------------------------------------
 
 
 def value_weighted_pattern(
-    model: AttnOnlyTransformer, cache: ActivationCache, layer: int, head: int
+    model, cache: ActivationCache, layer: int, head: int
 ) -> Float[Tensor, "batch q k"]:
     """Attention weighted by how much each source position writes: ``A[q, k] · |v_k W_O|``,
     renormalised per query row. A head that attends to a position whose value is near zero moves no
     information from it; this weighting (the paper's, for its induction-head figures) hides those."""
     layer, head = validate.head_pair(model, (layer, head))
     pat = cache.pattern[layer][:, head]  # [batch, q, k]
-    norms = (cache.v[layer][:, :, head] @ model.blocks[layer].W_O[head]).norm(dim=-1)  # [batch, k]
+    norms = (cache.v[layer][:, :, head] @ model.W_O[layer][head]).norm(dim=-1)  # [batch, k]
     weighted = pat * norms[:, None, :]
     return weighted / weighted.sum(-1, keepdim=True).clamp(min=1e-12)
 
 
-# ----------------------------------------------------------------------------------------------
-# Finding repeats in real text, and the phase change in a training history
-# ----------------------------------------------------------------------------------------------
+# ---- finding repeats in real text, and the phase change in a training history ----------------
 
 
 def repeated_spans(tokens: Int[Tensor, " pos"], min_len: int = 4, min_gap: int = 1) -> list[tuple[int, int, int]]:

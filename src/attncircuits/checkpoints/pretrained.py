@@ -3,7 +3,7 @@
 A checkpoint is a directory::
 
     model.safetensors   weights (never pickle)
-    config.json         the AttnOnlyConfig, plus how the model was trained
+    config.json         the ModelConfig, plus how the model was trained
     tokenizer.json      the BPE tokenizer the model reads
     history.json        training log (losses and head scores over steps)
     snapshots/          optional weights at chosen training steps
@@ -33,11 +33,11 @@ from safetensors.numpy import load_file as np_load_file
 from safetensors.torch import load_file
 
 from attncircuits.checkpoints import modelset
-from attncircuits.core import durable, validate
+from attncircuits.core import devices, durable, validate
 from attncircuits.core.manifest import read_manifest, save_weights, sha256, verify_file, verify_manifest, write_manifest
 from attncircuits.data import load_tokenizer
 from attncircuits.models import hooked
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 PRETRAINED_DIR = modelset.SHIPPED_DIR
 CORPUS_DIR = PRETRAINED_DIR / "corpus"
@@ -91,10 +91,10 @@ def partial_dir(directory: Path) -> Path:
     return directory.with_name(directory.name + ".partial")
 
 
-def state_dict_for_save(model: AttnOnlyTransformer, dtype=torch.float16) -> dict:
+def state_dict_for_save(model: Transformer, dtype=torch.float16) -> dict:
     """What a checkpoint stores: the model's state, or for chapter 10's model its parameters (its
     causal-mask buffers are rebuilt from the config)."""
-    sd = model.state_dict() if isinstance(model, AttnOnlyTransformer) else hooked.weights(model)
+    sd = model.weights()
     return {k: v.detach().to("cpu", dtype).contiguous() for k, v in sd.items()}
 
 
@@ -130,7 +130,7 @@ def write_checkpoint_files(
 
 
 def save_checkpoint(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     directory: str | Path,
     tokenizer_path: str | Path,
     meta: dict | None = None,
@@ -152,7 +152,7 @@ def save_checkpoint(
                               "move it away and save again")
     tmp.mkdir()
     try:
-        write_checkpoint_files(tmp / "final", state_dict_for_save(model, dtype), {"model": hooked.config_of(model).to_dict(), **(meta or {})},
+        write_checkpoint_files(tmp / "final", state_dict_for_save(model, dtype), {"model": model.course_config().to_dict(), **(meta or {})},
                                tokenizer_path, history, snapshots)
         with durable.hold_signals():
             swap_into(directory, tmp / "final", tmp / "old", lambda: check_replaceable(directory, overwrite))
@@ -184,7 +184,7 @@ def swap_into(target: Path, new: Path, aside: Path, still_replaceable=lambda: No
 
 @dataclass
 class Checkpoint:
-    model: AttnOnlyTransformer
+    model: Transformer
     tokenizer: object
     config: dict
     history: dict | None
@@ -195,24 +195,25 @@ class Checkpoint:
     def snapshot_steps(self) -> list[int]:
         return sorted(int(p.stem.split("_")[1]) for p in (self.directory / "snapshots").glob("step_*.safetensors"))
 
-    def load_snapshot(self, step: int) -> AttnOnlyTransformer:
+    def load_snapshot(self, step: int) -> Transformer:
         """The model as it was at training step ``step`` (see ``snapshot_steps``)."""
         rel = f"snapshots/step_{step:06d}.safetensors"
         if not (self.directory / rel).is_file():
             raise FileNotFoundError(f"no snapshot at step {step}; available steps: {self.snapshot_steps}")
         path = verify_file(self.directory, rel) if self.verified else self.directory / rel
-        return _build(hooked.config_of(self.model), path, self.model.W_E.device)
+        return _build(self.model.course_config(), path, self.model.W_E.device)
 
 
 #: the dtypes a checkpoint's weights may have (loaded as float32)
 WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
-def expected_shapes(module_class, config) -> dict[str, tuple]:
-    """The shape of every tensor in ``module_class(config)``'s state dict, found without allocating
-    any memory (on torch's meta device), so a config asking for 10**9 tokens costs nothing."""
+def expected_shapes(config) -> dict[str, tuple]:
+    """The shape of every tensor a checkpoint of ``config`` holds (the model's ``weights()``),
+    found without allocating any memory (on torch's meta device), so a config asking for 10**9
+    tokens costs nothing."""
     with torch.device("meta"), torch.random.fork_rng(devices=[]):
-        return {k: tuple(v.shape) for k, v in module_class(config).state_dict().items()}
+        return {k: tuple(v.shape) for k, v in config.build().weights().items()}
 
 
 def read_weights(weights: Path, expected: dict[str, tuple]) -> dict:
@@ -241,29 +242,16 @@ def read_weights(weights: Path, expected: dict[str, tuple]) -> dict:
     return sd
 
 
-def _build(cfg: AttnOnlyConfig | hooked.HookedConfig, weights: Path, device) -> AttnOnlyTransformer:
-    if isinstance(cfg, hooked.HookedConfig):  # chapter 10's model: the file holds its parameters
-        sd = read_weights(weights, hooked.expected_shapes(cfg))
-        model = hooked.build_model(cfg)
-        model.load_state_dict({**model.state_dict(), **{k: v.float() for k, v in sd.items()}})
-        return model.to(device, print_details=False).eval()
-    sd = read_weights(weights, expected_shapes(AttnOnlyTransformer, cfg))
-    model = AttnOnlyTransformer(cfg)
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
+def _build(cfg, weights: Path, device):
+    sd = read_weights(weights, expected_shapes(cfg))
+    model = cfg.build()
+    model.load_weights({k: v.float() for k, v in sd.items()})
     return model.to(device).eval()
 
 
 def check_device(device) -> torch.device:
     """``device`` as a torch.device this machine has, or a one-line error naming the ones it has."""
-    have = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
-        ["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"device {device!r} is not a device; use one of {', '.join(have)}") from None
-    if dev.type not in have or (dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count()):
-        raise ValueError(f"device {device!r} is not available here; use one of {', '.join(have)}")
-    return dev
+    return devices.check(device)
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:

@@ -1,4 +1,4 @@
-"""Circuits built by hand: weights written into an :class:`AttnOnlyTransformer`, no training (ch. 8).
+"""Circuits built by hand: weights written into an :class:`Transformer`, no training (ch. 8).
 
 The paper's exercises ask for weights that implement a circuit. Here they are written out, on a
 residual stream cut into named blocks (:class:`Layout`):
@@ -29,7 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "Layout",
@@ -85,8 +86,8 @@ class Layout:
     def d_head(self) -> int:
         return max(self.d_vocab, 2 * self.n_pos_pairs)
 
-    def config(self, n_layers: int) -> AttnOnlyConfig:
-        return AttnOnlyConfig(
+    def config(self, n_layers: int) -> ModelConfig:
+        return ModelConfig(
             n_layers=n_layers,
             d_model=self.d_model,
             n_heads=1,
@@ -97,10 +98,10 @@ class Layout:
 
 
 @torch.no_grad()
-def empty_model(layout: Layout, n_layers: int) -> AttnOnlyTransformer:
+def empty_model(layout: Layout, n_layers: int) -> Transformer:
     """A model with every weight zero but the embedding (``token`` block, one-hot times
     ``embed_scale``) and the unembedding (the identity from the ``out`` block to the logits)."""
-    model = AttnOnlyTransformer(layout.config(n_layers))
+    model = Transformer(layout.config(n_layers))
     for p in model.parameters():
         p.zero_()
     eye = torch.eye(layout.d_vocab)
@@ -167,7 +168,7 @@ def copy_ov(
 
 
 @torch.no_grad()
-def set_head(model: AttnOnlyTransformer, layer: int, head: int = 0, **weights: Tensor) -> None:
+def set_head(model: Transformer, layer: int, head: int = 0, **weights: Tensor) -> None:
     """Write ``weights`` (``W_Q=..., W_K=..., W_V=..., W_O=...``, each one head's matrix) into a head."""
     model.check_head(layer, head)
     block = model.blocks[layer]
@@ -181,7 +182,7 @@ def set_head(model: AttnOnlyTransformer, layer: int, head: int = 0, **weights: T
         getattr(block, name)[head] = value
 
 
-def set_previous_token_head(model: AttnOnlyTransformer, layer: int, layout: Layout, src: str, dst: str, sharpness: float) -> None:
+def set_previous_token_head(model: Transformer, layer: int, layout: Layout, src: str, dst: str, sharpness: float) -> None:
     """Make head 0 of ``layer`` a previous-token head (from the sinusoids) that copies block ``src``
     of the previous position into block ``dst``: the one piece the three models below share."""
     cfg = model.cfg
@@ -191,7 +192,7 @@ def set_previous_token_head(model: AttnOnlyTransformer, layer: int, layout: Layo
 
 
 @torch.no_grad()
-def previous_token_model(layout: Layout = Layout(), sharpness: float = 12.0) -> AttnOnlyTransformer:
+def previous_token_model(layout: Layout = Layout(), sharpness: float = 12.0) -> Transformer:
     """One layer, one head attending to the previous token and copying it to the ``out`` block:
     the model predicts that the next token is the previous one (``[a][b] -> [a]``)."""
     model = empty_model(layout, 1)
@@ -200,7 +201,7 @@ def previous_token_model(layout: Layout = Layout(), sharpness: float = 12.0) -> 
 
 
 @torch.no_grad()
-def two_back_model(layout: Layout = Layout(), sharpness: float = 12.0) -> AttnOnlyTransformer:
+def two_back_model(layout: Layout = Layout(), sharpness: float = 12.0) -> Transformer:
     """The paper's virtual head: a layer-0 previous-token head copies the ``token`` block into
     ``prev``; a layer-1 previous-token head copies ``prev`` into ``out``. Their virtual head
     (pattern ``A^1 A^0``, OV ``W_OV^0 W_OV^1``) moves the token two back into ``out``, and
@@ -224,7 +225,7 @@ def induction_qk(layout: Layout, sharpness: float = 30.0) -> tuple[Float[Tensor,
 
 
 @torch.no_grad()
-def induction_model(layout: Layout = Layout(), sharpness: float = 12.0, match: float = 30.0) -> AttnOnlyTransformer:
+def induction_model(layout: Layout = Layout(), sharpness: float = 12.0, match: float = 30.0) -> Transformer:
     """The paper's induction head by K-composition. Layer 0: a previous-token head (from the
     sinusoids) copies ``token`` into ``prev``, so the key at ``j`` knows ``t_{j-1}``. Layer 1: the
     query ``t_i`` matches keys whose ``prev`` is ``t_i`` (:func:`induction_qk`) and copies their

@@ -12,16 +12,17 @@ which chapter 9 uses too). The chapter's measures on it are in
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
 import re
-import types
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-import torch
 
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer, sinusoidal_positions
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.parts import ActivationCache, sinusoidal_positions
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
@@ -95,6 +96,15 @@ class HookedConfig:
         if self.normalization_type not in ("LN", "LNPre"):
             raise ValueError(f"HookedConfig.normalization_type must be 'LN' or 'LNPre', got {self.normalization_type!r}")
 
+    # the family's fields (attncircuits.models.config), read by attncircuits.models.interface
+    @property
+    def positions(self) -> str:
+        if self.positional_embedding_type == "shortformer":
+            return "sinusoidal-qk"
+        return "sinusoidal-residual" if self.sinusoidal_positions else "learned"
+
+    layernorm = property(lambda self: True)
+
     def to_dict(self) -> dict:
         return {"architecture": ARCHITECTURE, **asdict(self)}
 
@@ -121,52 +131,74 @@ class HookedConfig:
 
     def build(self) -> "HookedTransformer":
         """A freshly initialised model (seeded by ``torch.manual_seed``, as the training loop does)."""
-        tl = require_transformer_lens()
-        model = tl.HookedTransformer(self.tl_config(), move_to_device=False)
-        # the course's measures call forward_checked on tokens they have checked already
-        model.forward_checked = types.MethodType(_forward_checked, model)
+        model = course_hooked_class()(self.tl_config(), move_to_device=False)
+        model.course_cfg = self
         if self.sinusoidal_positions:  # fixed, as in the attention-only models: not trained
             model.pos_embed.W_pos.data.copy_(sinusoidal_positions(self.n_ctx, self.d_model))
             model.pos_embed.W_pos.requires_grad_(False)
         return model
 
 
-def _forward_checked(model, tokens: torch.Tensor, **kwargs) -> torch.Tensor:
-    if kwargs:
-        raise TypeError(f"chapter 10's model takes no {', '.join(sorted(kwargs))} here: remove heads or "
-                        "replace patterns with TransformerLens hooks (model.hooks(fwd_hooks=...))")
-    return model(tokens)
+_CACHED = ("hook_resid_pre", "hook_resid_post", "hook_attn_scores", "hook_pattern", "hook_v", "hook_z", "hook_mlp_out")
 
 
-def weights(model) -> dict[str, torch.Tensor]:
-    """The learned parameters by name: what a checkpoint stores (not the causal-mask buffers)."""
-    return dict(model.named_parameters())
+@functools.cache
+def course_hooked_class():
+    """TransformerLens's ``HookedTransformer`` with the course's model interface
+    (:mod:`attncircuits.models.interface`), defined once TransformerLens is imported: the course's
+    measures run on it as on every other member, and it stays a ``HookedTransformer`` for
+    TransformerLens's own hooks, caches and head detector."""
+    tl = require_transformer_lens()
+
+    class CourseHookedTransformer(tl.HookedTransformer):
+        course_cfg: HookedConfig
+
+        def course_config(self) -> HookedConfig:
+            return self.course_cfg
+
+        def forward_checked(self, tokens, return_cache=False, ablate=None, patterns=None):
+            if ablate or patterns:
+                raise TypeError("chapter 10's model takes no ablate or patterns here: remove heads or replace "
+                                "patterns with TransformerLens hooks (model.hooks(fwd_hooks=...))")
+            if not return_cache:
+                return self(tokens)
+            logits, tl_cache = self.run_with_cache(tokens, names_filter=lambda name: name.endswith(_CACHED))
+            cache = ActivationCache()
+            for layer in range(self.cfg.n_layers):
+                cache.resid.append(tl_cache["resid_pre", layer])
+                cache.add_layer(tl_cache["attn_scores", layer], tl_cache["pattern", layer], tl_cache["v", layer],
+                                tl_cache["z", layer], self.blocks[layer].attn.W_O)
+                cache.mlp_out.append(tl_cache["mlp_out", layer])
+            cache.resid.append(tl_cache["resid_post", self.cfg.n_layers - 1])
+            return logits, cache
+
+        def to_logits(self, resid):
+            return self.unembed(self.ln_final(resid))
+
+        def folded(self):
+            """A copy with LayerNorm folded into the weights that read the residual stream (and the
+            writing weights and unembedding centred), TransformerLens's ``process_weights_``: the
+            same logits, and weight matrices whose products mean what chapter 5's scores assume."""
+            out = copy.deepcopy(self)
+            out.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+            return out.eval()
+
+        def weights(self):
+            """The learned parameters by name: what a checkpoint stores (not the causal-mask buffers)."""
+            return dict(self.named_parameters())
+
+        def load_weights(self, state):
+            self.load_state_dict({**self.state_dict(), **state})
+
+        def to(self, *args, print_details: bool = False, **kwargs):  # quiet, as every model of the course
+            return super().to(*args, print_details=print_details, **kwargs)
+
+    return CourseHookedTransformer
 
 
-def model_config(d: Mapping) -> AttnOnlyConfig | HookedConfig:
+def model_config(d: Mapping) -> ModelConfig | HookedConfig:
     """The config that settings ``d`` (a preset's, or a checkpoint's config.json) describe:
     attention-only unless they name another architecture."""
     if d.get("architecture") is not None:
         return HookedConfig.from_dict(d)
-    return AttnOnlyConfig.from_dict(d)
-
-
-def build_model(cfg: AttnOnlyConfig | HookedConfig) -> torch.nn.Module:
-    """A freshly initialised model of either kind."""
-    return cfg.build() if isinstance(cfg, HookedConfig) else AttnOnlyTransformer(cfg)
-
-
-def config_of(model) -> AttnOnlyConfig | HookedConfig:
-    """The course config of a model of either kind (what its checkpoint's config.json holds)."""
-    if isinstance(model, AttnOnlyTransformer):
-        return model.cfg
-    fields = [name for name in HookedConfig.__dataclass_fields__ if name != "sinusoidal_positions"]
-    fixed = not model.pos_embed.W_pos.requires_grad
-    return HookedConfig(**{name: getattr(model.cfg, name) for name in fields}, sinusoidal_positions=fixed)
-
-
-def expected_shapes(cfg: HookedConfig) -> dict[str, tuple]:
-    """The shape of every parameter a checkpoint of this config holds, found without allocating any
-    memory (on torch's meta device)."""
-    with torch.device("meta"), torch.random.fork_rng(devices=[]):
-        return {k: tuple(v.shape) for k, v in weights(cfg.build()).items()}
+    return ModelConfig.from_dict(d)

@@ -26,7 +26,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.transformer import Transformer
 
 # the TransformerLens requirement and its check live with chapter 10's model (hooked.py, a lower
 # layer that loading checkpoints needs); chapter 9 reads them here, in the TransformerLens room
@@ -60,22 +61,30 @@ def wrap_tokenizer(tokenizer):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
 
 
+#: how each position scheme of the family reads in TransformerLens's config ("none": its "standard"
+#: positions, all zero, which add nothing)
+TL_POSITIONS = {"sinusoidal-qk": "shortformer", "learned": "standard", "rotary": "rotary", "none": "standard"}
+
+
 def to_transformer_lens(
-    model: AttnOnlyTransformer, tokenizer=None, model_name: str = "attncircuits"
+    model: Transformer, tokenizer=None, model_name: str = "attncircuits"
 ) -> "HookedTransformer":
-    """An equivalent TransformerLens ``HookedTransformer``: same weights (copied), same logits.
+    """An equivalent TransformerLens ``HookedTransformer``: same weights (copied), same logits, for
+    every member of the family (:data:`TL_POSITIONS` says how each position scheme is expressed;
+    our LayerNorm has no bias, so TransformerLens's is zero, as are the attention biases).
 
     ``tokenizer`` (optional, e.g. ``load_pretrained(...).tokenizer``) lets the TransformerLens model
     take strings; strings then start with ``<|endoftext|>``, as our training documents do. Token
     tensors are passed through unchanged either way.
     """
     tl = require_transformer_lens()
-    if not isinstance(model, AttnOnlyTransformer):
-        raise TypeError(f"model must be an attncircuits AttnOnlyTransformer, got {type(model).__name__}"
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be an attncircuits Transformer, got {type(model).__name__}"
                         + ("; it is already a HookedTransformer" if isinstance(model, tl.HookedTransformer) else ""))
     if not isinstance(model_name, str):
         raise TypeError(f"model_name must be a str, got {model_name!r}")
     c = model.cfg
+    extra = {"rotary_dim": c.d_head, "rotary_adjacent_pairs": False, "rotary_base": 10000} if c.positions == "rotary" else {}
     cfg = tl.HookedTransformerConfig(
         model_name=model_name,
         n_layers=c.n_layers,
@@ -84,27 +93,44 @@ def to_transformer_lens(
         n_heads=c.n_heads,
         n_ctx=c.n_ctx,
         d_vocab=c.d_vocab,
-        attn_only=True,
-        normalization_type=None,
-        positional_embedding_type="shortformer",
+        attn_only=c.attn_only,
+        d_mlp=c.d_mlp or None,
+        act_fn=c.act_fn if c.d_mlp else None,
+        normalization_type="LN" if c.layernorm else None,
+        positional_embedding_type=TL_POSITIONS[c.positions],
         init_weights=False,
         device=str(model.W_E.device),
         dtype=model.W_E.dtype,
+        **extra,
     )
     with warnings.catch_warnings():
         # 3.x warns that HookedTransformer goes away in 4.0: the reason the extra is pinned below 4
         warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
         tl_model = tl.HookedTransformer(cfg, tokenizer=wrap_tokenizer(tokenizer) if tokenizer is not None else None)
     state = tl_model.state_dict()
-    ours = {"embed.W_E": model.W_E, "pos_embed.W_pos": model.W_pos, "unembed.W_U": model.W_U}
+    ours = {"embed.W_E": model.W_E, "unembed.W_U": model.W_U}
+    if model.W_pos is not None:
+        ours["pos_embed.W_pos"] = model.W_pos
+    if c.layernorm:
+        ours["ln_final.w"] = model.ln_final.w
     for l, block in enumerate(model.blocks):
         for name in ("W_Q", "W_K", "W_V", "W_O"):
             ours[f"blocks.{l}.attn.{name}"] = getattr(block, name)
+        if c.d_mlp:
+            for name in ("W_in", "b_in", "W_out", "b_out"):
+                ours[f"blocks.{l}.mlp.{name}"] = getattr(model.mlps[l], name)
+        if c.layernorm:
+            ours[f"blocks.{l}.ln1.w"] = model.ln_attn[l].w
+            if c.d_mlp:
+                ours[f"blocks.{l}.ln2.w"] = model.ln_mlp[l].w
     for key, value in state.items():
         if key in ours:
             state[key] = ours[key].detach().clone()
-        elif re.search(r"\.b_[QKVOU]$", key):
+        elif re.search(r"\.(b_[QKVOU]|b|W_pos)$", key):  # biases, LayerNorm biases, "none"'s positions
             state[key] = torch.zeros_like(value)
+    missing = sorted(set(ours) - set(state))
+    if missing:
+        raise RuntimeError(f"TransformerLens has no place for {missing}: this version's names differ")
     tl_model.load_state_dict(state, strict=True)
     return tl_model.eval()
 
@@ -169,13 +195,13 @@ def _refusals(cfg) -> list[str]:
     return out
 
 
-def from_transformer_lens(tl_model: "HookedTransformer") -> AttnOnlyTransformer:
-    """Our :class:`AttnOnlyTransformer` with ``tl_model``'s weights, or an error naming every part it
+def from_transformer_lens(tl_model: "HookedTransformer") -> Transformer:
+    """Our :class:`Transformer` with ``tl_model``'s weights, or an error naming every part it
     cannot represent exactly (LayerNorm, MLPs, non-zero biases, positions in the residual stream,
     rotary positions, ...). float16/bfloat16 weights are widened to float32, which is exact."""
     tl = require_transformer_lens()
-    if isinstance(tl_model, AttnOnlyTransformer):
-        raise TypeError("tl_model is already one of our AttnOnlyTransformer models: use it as it is "
+    if isinstance(tl_model, Transformer):
+        raise TypeError("tl_model is already one of our Transformer models: use it as it is "
                         "(to_transformer_lens(model) converts it the other way)")
     if not isinstance(tl_model, tl.HookedTransformer):
         raise TypeError(f"tl_model must be a TransformerLens HookedTransformer, got {type(tl_model).__name__}")
@@ -191,15 +217,15 @@ def from_transformer_lens(tl_model: "HookedTransformer") -> AttnOnlyTransformer:
             problems.append("non-zero biases: " + ", ".join(nonzero) + " (ours has none)")
     if problems:
         raise UnsupportedModelError(
-            "cannot represent this TransformerLens model exactly as an attention-only AttnOnlyTransformer; "
+            "cannot represent this TransformerLens model exactly as an attention-only Transformer; "
             "it has " + "; ".join(problems)
         )
-    ours_cfg = AttnOnlyConfig(
+    ours_cfg = ModelConfig(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.d_head,
         d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx,
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # the random init is overwritten: leave the caller's RNG alone
-        model = AttnOnlyTransformer(ours_cfg)
+        model = Transformer(ours_cfg)
     device = tl_model.embed.W_E.device
     state = {"W_E": tl_model.embed.W_E, "W_pos": tl_model.pos_embed.W_pos, "W_U": tl_model.unembed.W_U}
     for l, attn in enumerate(blocks):  # properties, so grouped-query keys/values come expanded per head

@@ -11,7 +11,7 @@ induction heads, with a phase change, as two-layer models do.
 
 Keys enter the scores linearly, so smearing keys is smearing the scores along the key axis:
 ``q · k'_j = σ (q · k_j) + (1 − σ) (q · k_{j−1})``. :class:`SmearedKeyTransformer` therefore runs the
-unchanged :class:`~attncircuits.models.attn_only.AttnOnlyTransformer` once for its attention scores, smears
+unchanged :class:`~attncircuits.models.transformer.Transformer` once for its attention scores, smears
 them, and runs it again with those patterns (the model's ``patterns=`` argument), so the model
 code is not copied. This is exact for one layer, whose scores do not depend on any earlier head.
 """
@@ -24,7 +24,9 @@ from torch import Tensor, nn
 
 from attncircuits.core import validate
 from attncircuits.data import repeated_rows
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.parts import loss_fn
+from attncircuits.models.transformer import Transformer
 
 __all__ = ["SmearedKeyTransformer", "smear_scores", "train_on_repeated_tokens", "varied_repeats"]
 
@@ -40,17 +42,17 @@ def smear_scores(scores: Float[Tensor, "batch head q k"], weight: Float[Tensor, 
 
 
 class SmearedKeyTransformer(nn.Module):
-    """A one-layer :class:`AttnOnlyTransformer` whose keys are smeared with the previous key."""
+    """A one-layer :class:`Transformer` whose keys are smeared with the previous key."""
 
-    def __init__(self, cfg: AttnOnlyConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.n_layers != 1:
             raise ValueError(
                 f"the smeared-key model has exactly one layer (the chapter's point), got n_layers={cfg.n_layers}; "
-                "use AttnOnlyTransformer for deeper models"
+                "use Transformer for deeper models"
             )
         self.cfg = cfg
-        self.model = AttnOnlyTransformer(cfg)
+        self.model = Transformer(cfg)
         self.smear_logit = nn.Parameter(torch.zeros(cfg.n_heads))  # σ(0) = 0.5: half own key, half previous
 
     @property
@@ -59,7 +61,7 @@ class SmearedKeyTransformer(nn.Module):
         return torch.sigmoid(self.smear_logit)
 
     def check_tokens(self, tokens) -> Int[Tensor, "batch pos"]:
-        """As :meth:`AttnOnlyTransformer.check_tokens` (so the losses of ``scores`` accept this model)."""
+        """As :meth:`Transformer.check_tokens` (so the losses of ``scores`` accept this model)."""
         return validate.tokens(self, tokens)
 
     def patterns(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch head q k"]:
@@ -74,7 +76,7 @@ class SmearedKeyTransformer(nn.Module):
         return self.forward_checked(validate.tokens(self, tokens))
 
     def forward_checked(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
-        """:meth:`forward` for checked tokens (see :meth:`AttnOnlyTransformer.forward_checked`)."""
+        """:meth:`forward` for checked tokens (see :meth:`Transformer.forward_checked`)."""
         pat = self._patterns(tokens)
         return self.model.forward_checked(tokens, patterns={(0, h): pat[:, h] for h in range(self.cfg.n_heads)})
 
@@ -94,7 +96,7 @@ def varied_repeats(batch_size: int, n_ctx: int, d_vocab: int, generator: torch.G
 def train_on_repeated_tokens(
     model: nn.Module, steps: int = 300, batch_size: int = 32, lr: float = 3e-3, seed: int = 0
 ) -> list[float]:
-    """Train ``model`` (an :class:`AttnOnlyTransformer` or a :class:`SmearedKeyTransformer`) for ``steps`` AdamW steps
+    """Train ``model`` (an :class:`Transformer` or a :class:`SmearedKeyTransformer`) for ``steps`` AdamW steps
     on :func:`varied_repeats`; returns the training loss of every step. Seconds on a CPU."""
     steps, batch_size = validate.count(steps, "steps"), validate.count(batch_size, "batch_size")
     torch.manual_seed(seed)

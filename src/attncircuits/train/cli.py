@@ -37,7 +37,7 @@ from attncircuits.checkpoints.pretrained import (
     state_dict_for_save,
     write_checkpoint_files,
 )
-from attncircuits.core import durable
+from attncircuits.core import devices, durable
 from attncircuits.core.manifest import save_weights, sha256, verify_manifest
 from attncircuits.models.hooked import model_config
 from attncircuits.train import run_folder
@@ -95,21 +95,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def check_device(name: str | None) -> str | None:
+    """``--device`` checked against this machine's devices (:mod:`attncircuits.core.devices`)."""
     if name is None:
         return None
     try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise Refused(f"--device {name!r} is not a device; use cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise Refused(f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise Refused(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise Refused(f"--device {name}: MPS is not available here; use --device cpu")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise Refused(f"--device {name}: training runs on cpu, cuda or mps")
+        devices.check(name, "--device")
+    except ValueError as err:
+        raise Refused(str(err)) from None
     return name
 
 
@@ -137,10 +129,11 @@ def check_args(args) -> tuple[dict, TrainConfig, Path]:
     problems += [f"--{name.replace('_', '-')} {what.replace('random_repeat_frac', '--random-repeat-frac')}"
                  for name, what in cfg.problems()]
     if not problems:  # a step must fit in memory (the vocabulary is at most the preset's)
-        need, limit = step_memory_bytes(model_config(model_kw), cfg.batch_size), memory_limit_bytes()
-        need += 8 * cfg.eval_batches * cfg.batch_size * model_config(model_kw).n_ctx  # the validation windows
+        model_cfg = model_config(model_kw)
+        need, limit = step_memory_bytes(model_cfg, cfg.batch_size), memory_limit_bytes()
+        need += 8 * cfg.eval_batches * cfg.batch_size * model_cfg.n_ctx  # the validation windows
         if need > limit:
-            per_row = step_memory_bytes(model_config(model_kw), 1) - step_memory_bytes(model_config(model_kw), 0)
+            per_row = step_memory_bytes(model_cfg, 1) - step_memory_bytes(model_cfg, 0)
             problems.append(f"--batch-size {cfg.batch_size} needs about {need / 2**30:,.1f} GiB a step, more than the "
                             f"{limit / 2**30:.1f} GiB allowed (half this machine's memory); use --batch-size "
                             f"<= {max(1, limit // per_row // (1 + cfg.eval_batches))}")

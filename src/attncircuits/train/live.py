@@ -35,7 +35,9 @@ from attncircuits.checkpoints.pretrained import (
     validation_windows,
 )
 from attncircuits.core import validate
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.parts import loss_fn
+from attncircuits.models.transformer import Transformer
 from attncircuits.show.plotting.base import MAX_WIDTH_IN, place_legend
 from attncircuits.train.loop import (  # noqa: F401 (re-exported)
     TrainConfig,
@@ -78,7 +80,7 @@ def live_streams(d_vocab: int, file_stride: int = 8) -> tuple[np.ndarray, np.nda
     return new[train_tokens], new[load_validation_tokens(CORPUS_DIR).numpy()]
 
 
-def live_text(model: AttnOnlyTransformer, n_windows: int = 64) -> torch.Tensor:
+def live_text(model: Transformer, n_windows: int = 64) -> torch.Tensor:
     """``n_windows`` validation windows of ``model``'s context, in its vocabulary (for the
     previous-token score of a live model)."""
     new = torch.from_numpy(vocab_map(model.cfg.d_vocab).astype(np.int64))
@@ -91,7 +93,7 @@ def min_context() -> int:
     return 4 * MIN_REPEAT + 1
 
 
-def check_live_config(model_cfg: AttnOnlyConfig, cfg: TrainConfig, memory_limit: int | None = None) -> None:
+def check_live_config(model_cfg: ModelConfig, cfg: TrainConfig, memory_limit: int | None = None) -> None:
     """Raise a ValueError naming the limit when the numbers cannot give a live run."""
     if model_cfg.n_layers < 1:
         raise ValueError("n_layers must be at least 1: a model without attention layers has no heads to score")
@@ -117,17 +119,17 @@ def check_live_config(model_cfg: AttnOnlyConfig, cfg: TrainConfig, memory_limit:
 
 
 @torch.no_grad()
-def _eval_seconds(model: AttnOnlyTransformer, val_batches: torch.Tensor) -> float:
+def _eval_seconds(model: Transformer, val_batches: torch.Tensor) -> float:
     t = time.perf_counter()
     evaluate(model, val_batches)
     return time.perf_counter() - t
 
 
-def estimate_seconds(model_cfg: AttnOnlyConfig, cfg: TrainConfig, train_tokens, val_tokens, n_steps: int = 3) -> tuple[float, float]:
+def estimate_seconds(model_cfg: ModelConfig, cfg: TrainConfig, train_tokens, val_tokens, n_steps: int = 3) -> tuple[float, float]:
     """(seconds for the whole step budget, training tokens/s), timed on a throwaway model here:
     ``n_steps`` forward and backward passes (after one warm-up) and one evaluation."""
     torch.manual_seed(cfg.seed)
-    model = AttnOnlyTransformer(model_cfg)
+    model = Transformer(model_cfg)
     g = torch.Generator().manual_seed(cfg.seed)
     batches = [make_batch(train_tokens, cfg, model_cfg.n_ctx, g) for _ in range(n_steps + 1)]
     for i, batch in enumerate(batches):
@@ -204,7 +206,7 @@ class LiveRun:
     """What :func:`live_train` returns: the trained model, one row per evaluation in ``log`` and the
     moment both targets were first met (``formed_step``, None if never)."""
 
-    model: AttnOnlyTransformer
+    model: Transformer
     log: dict
     formed_step: int | None
     wall_s: float
@@ -226,17 +228,17 @@ class LiveRun:
                 f"{last['prev_token']:.2f}, copies {last['first']:.2f} -> {last['second']:.2f} nats")
 
 
-def live_configs(**overrides) -> tuple[AttnOnlyConfig, TrainConfig]:
-    """The live preset with ``overrides`` (any AttnOnlyConfig or TrainConfig field, e.g. ``n_layers=1``)."""
+def live_configs(**overrides) -> tuple[ModelConfig, TrainConfig]:
+    """The live preset with ``overrides`` (any ModelConfig or TrainConfig field, e.g. ``n_layers=1``)."""
     model_kw, train_kw = PRESETS[LIVE_PRESET]
-    model_names = {f.name for f in fields(AttnOnlyConfig)}
+    model_names = {f.name for f in fields(ModelConfig)}
     train_names = {f.name for f in fields(TrainConfig)}
     unknown = set(overrides) - model_names - train_names
     if unknown:
         raise TypeError(f"unknown setting {sorted(unknown)}; model: {sorted(model_names)}; training: {sorted(train_names)}")
     model_kw = {**model_kw, **{k: v for k, v in overrides.items() if k in model_names}}
     train_kw = {**train_kw, **{k: v for k, v in overrides.items() if k in train_names}}
-    return AttnOnlyConfig(**model_kw), TrainConfig(**train_kw)
+    return ModelConfig(**model_kw), TrainConfig(**train_kw)
 
 
 def live_train(
@@ -293,7 +295,7 @@ def _run(model_cfg, cfg, train_tokens, val_tokens, plot, stop_at_targets, prep_s
     if fig is not None:
         fig.show()
 
-    def on_eval(step: int, model: AttnOnlyTransformer, row: dict) -> bool:
+    def on_eval(step: int, model: Transformer, row: dict) -> bool:
         for key, val in (("step", step), ("wall_s", row["wall_s"]), ("prev_token", max(row["prev_token"][0])),
                          ("prefix_matching", max(row["prefix_matching"][-1])),
                          ("first", row["repeated_loss_first"]), ("second", row["repeated_loss_second"])):

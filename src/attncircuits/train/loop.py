@@ -27,9 +27,11 @@ from attncircuits import data
 from attncircuits.analysis.losses import in_context_learning_score, repeated_token_loss
 from attncircuits.analysis.scores import prefix_matching_scores, previous_token_scores
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_corpus_files, state_dict_for_save
-from attncircuits.core import durable, validate
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer, loss_fn
-from attncircuits.models.hooked import HookedConfig, build_model  # noqa: F401  (HookedConfig: a train() model_cfg type)
+from attncircuits.core import devices, durable, validate
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.parts import loss_fn
+from attncircuits.models.transformer import Transformer
+from attncircuits.models.hooked import HookedConfig  # noqa: F401  (HookedConfig: a train() model_cfg type)
 
 
 @dataclass
@@ -106,7 +108,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def step_memory_bytes(model_cfg: AttnOnlyConfig, batch_size: int) -> int:
+def step_memory_bytes(model_cfg: ModelConfig, batch_size: int) -> int:
     """A rough upper bound on one training step's memory: logits and attention patterns with their
     gradients (about four float32 copies each) and the residual stream's activations, plus weights,
     gradients and AdamW's two moments."""
@@ -126,13 +128,8 @@ def memory_limit_bytes() -> int:
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    if device:
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """``device`` checked, or the best this machine has (:func:`attncircuits.core.devices.pick`)."""
+    return devices.pick(device)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -167,7 +164,7 @@ def make_batch_checked(stream: torch.Tensor, cfg: TrainConfig, n_ctx: int, g: to
 
 
 @torch.no_grad()
-def evaluate(model: AttnOnlyTransformer, val_batches: torch.Tensor) -> dict:
+def evaluate(model: Transformer, val_batches: torch.Tensor) -> dict:
     model.eval()
     dev = model.W_E.device
     out = {"val_loss": float(np.mean([loss_fn(model(b.to(dev)), b.to(dev)).item() for b in val_batches]))}
@@ -214,7 +211,7 @@ class TrainingDiverged(FloatingPointError):
 
 
 def train(
-    model_cfg: AttnOnlyConfig,
+    model_cfg: ModelConfig,
     cfg: TrainConfig,
     train_tokens: np.ndarray,
     val_tokens: np.ndarray,
@@ -222,8 +219,8 @@ def train(
     progress: bool = True,
     resume: dict | None = None,
     save_state: Callable[[dict], None] | None = None,
-    callback: Callable[[int, AttnOnlyTransformer, dict], bool | None] | None = None,
-) -> tuple[AttnOnlyTransformer, dict, dict[int, dict]]:
+    callback: Callable[[int, Transformer, dict], bool | None] | None = None,
+) -> tuple[Transformer, dict, dict[int, dict]]:
     """Train a model; returns it, its history and the snapshots asked for in ``cfg``.
 
     ``save_state``, when given, receives everything a resumed run needs (weights, optimizer, RNG,
@@ -241,7 +238,7 @@ def train(
     cfg.check()
     dev = pick_device(device)
     torch.manual_seed(cfg.seed)
-    model = build_model(model_cfg).to(dev)
+    model = model_cfg.build().to(dev)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
     g = torch.Generator().manual_seed(cfg.seed)
     # The validation windows do not depend on the run's seed, so histories of runs with other

@@ -31,7 +31,7 @@ from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.checkpoints.pretrained import is_checkpoint_dir, load_checkpoint, validation_windows
 from attncircuits.core.heads import head_name
-from attncircuits.models.attn_only import loss_fn
+from attncircuits.models.parts import loss_fn
 from attncircuits.train.sets import ONE_EACH, default_lanes, train_set
 
 #: a layer-1 head is an induction head when its prefix-matching score is above this (the reproduces page's)

@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attncircuits.core import validate
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "BigramComparison",
@@ -53,7 +53,7 @@ class DirectPathWarning(UserWarning):
     """``W_E @ W_U`` was taken from a model with layers, where it is only the direct path."""
 
 
-def _warn_if_layers(model: AttnOnlyTransformer, direct_path: bool) -> None:
+def _warn_if_layers(model: Transformer, direct_path: bool) -> None:
     if model.cfg.n_layers and not direct_path:
         warnings.warn(
             f"this model has {model.cfg.n_layers} layer(s): W_E @ W_U is only its direct path, not its "
@@ -65,7 +65,7 @@ def _warn_if_layers(model: AttnOnlyTransformer, direct_path: bool) -> None:
 
 
 # ---- the table in the weights ------------------------------------------------------------------
-def bigram_logits(model: AttnOnlyTransformer, direct_path: bool = False) -> Float[Tensor, "d_vocab d_vocab"]:
+def bigram_logits(model: Transformer, direct_path: bool = False) -> Float[Tensor, "d_vocab d_vocab"]:
     """The bigram logit table ``T = W_E @ W_U``: ``T[a, b]`` is the logit of ``b`` after ``a``.
 
     For a zero-layer model this *is* the model: ``model(tokens)[..., i, :] == T[tokens[i]]``.
@@ -80,7 +80,7 @@ def bigram_logits(model: AttnOnlyTransformer, direct_path: bool = False) -> Floa
         return (model.W_E @ model.W_U).detach()
 
 
-def bigram_log_probs(model: AttnOnlyTransformer, direct_path: bool = False) -> Float[Tensor, "d_vocab d_vocab"]:
+def bigram_log_probs(model: Transformer, direct_path: bool = False) -> Float[Tensor, "d_vocab d_vocab"]:
     """``log softmax(W_E @ W_U)`` over next tokens: the model's ``log p(b | a)`` (see :func:`bigram_logits`)."""
     _warn_if_layers(model, direct_path)
     return bigram_logits(model, direct_path=True).log_softmax(dim=-1)

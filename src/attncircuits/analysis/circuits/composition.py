@@ -38,7 +38,7 @@ from torch import Tensor
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
 from attncircuits.core.heads import Head
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "CompositionBaseline",
@@ -62,7 +62,7 @@ def _check_kind(kind: str) -> str:
     return k
 
 
-def _check_pair(model: AttnOnlyTransformer, writer: Head, reader: Head) -> tuple[Head, Head]:
+def _check_pair(model: Transformer, writer: Head, reader: Head) -> tuple[Head, Head]:
     validate.depth(model, "composition", at_least=2)
     writer, reader = validate.head_pair(model, writer, "writer"), validate.head_pair(model, reader, "reader")
     if writer[0] >= reader[0]:
@@ -75,12 +75,11 @@ def _check_pair(model: AttnOnlyTransformer, writer: Head, reader: Head) -> tuple
 
 
 # ---- composition scores, on the factors --------------------------------------------------------
-def _circuits(model: AttnOnlyTransformer, layer: int) -> dict[str, FactoredMatrix]:
+def _circuits(model: Transformer, layer: int) -> dict[str, FactoredMatrix]:
     """What a head of ``layer`` writes (``ov = W_V W_O``) and the matrix each of its three inputs
     reads through: the query side ``q = W_QK = W_Q W_Kᵀ``, the key side ``k = W_QKᵀ``, the value
     side ``v = W_OV``. All heads at once, ``[n_heads, d_model, d_model]``, factored, float64."""
-    b = model.blocks[layer]
-    W_Q, W_K, W_V, W_O = (w.detach().double() for w in (b.W_Q, b.W_K, b.W_V, b.W_O))
+    W_Q, W_K, W_V, W_O = (getattr(model, name)[layer].detach().double() for name in ("W_Q", "W_K", "W_V", "W_O"))
     ov, qk = FactoredMatrix(W_V, W_O), FactoredMatrix(W_Q, W_K.mT)
     return {"ov": ov, "q": qk, "k": qk.T, "v": ov}
 
@@ -94,7 +93,7 @@ def _scores_from_factors(writer_ov: FactoredMatrix, reader: FactoredMatrix) -> F
     return (w @ r).norm() / (w.norm() * r.norm())
 
 
-def composition_score(model: AttnOnlyTransformer, kind: str, writer: Head, reader: Head) -> float:
+def composition_score(model: Transformer, kind: str, writer: Head, reader: Head) -> float:
     """Composition score of one (writer, reader) pair: how much of what ``writer`` writes the
     ``reader`` reads through its query (``kind='q'``), key (``'k'``) or value (``'v'``).
 
@@ -197,15 +196,18 @@ class CompositionScores:
 
 @torch.no_grad()
 def composition_scores(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     writer_layer: int = 0,
     reader_layer: int = 1,
     n_baseline: int = 500,
     seed: int = 0,
 ) -> CompositionScores:
     """All ``3 x n_heads²`` composition scores between ``writer_layer`` and ``reader_layer``, with a
-    random baseline of ``n_baseline`` samples per kind drawn with the model's shapes and scales."""
+    random baseline of ``n_baseline`` samples per kind drawn with the model's shapes and scales.
+    A model with LayerNorm is read through its folded weights (``model.folded()``), where the
+    products mean what they mean without it."""
     validate.depth(model, "composition", at_least=2)
+    model = model.folded()
     writer_layer = validate.layer(model, writer_layer, "writer_layer")
     reader_layer = validate.layer(model, reader_layer, "reader_layer")
     n_baseline = validate.count(n_baseline, "n_baseline", 2, why="to measure a spread")
@@ -222,7 +224,7 @@ def composition_scores(
 
 
 # ---- virtual heads ----------------------------------------------------------------------------
-def virtual_ov_circuit(model: AttnOnlyTransformer, writer: int, reader: int) -> FactoredMatrix:
+def virtual_ov_circuit(model: Transformer, writer: int, reader: int) -> FactoredMatrix:
     """Full OV circuit of virtual head ``(1, reader) ∘ (0, writer)``: ``W_E W_OV^{0,w} W_OV^{1,r} W_U``,
     ``[d_vocab (source token), d_vocab (output logit)]`` like a single head's, rank <= d_head."""
     validate.depth(model, "a virtual head", at_least=2, exactly=2)

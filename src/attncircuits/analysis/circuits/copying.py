@@ -18,7 +18,7 @@ from torch import Tensor
 from attncircuits.analysis.circuits.factored import ov_factors
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = ["CopyingSummary", "copying_summary", "eigen_copying_score", "ov_copying_accuracy"]
 
@@ -54,7 +54,7 @@ class CopyingSummary:
 
 @torch.no_grad()
 def copying_summary(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     layer: int,
     k: int = 10,
     tokens: Int[Tensor, " n"] | None = None,
@@ -102,7 +102,7 @@ def copying_summary(
 
 
 @torch.no_grad()
-def ov_copying_accuracy(model: AttnOnlyTransformer, heads) -> float:
+def ov_copying_accuracy(model: Transformer, heads) -> float:
     """Fraction of tokens whose largest output logit, in the summed full OV circuit
     ``W_E (Σ_h W_V^h W_O^h) W_U`` of ``heads`` (a ``(layer, head)`` pair or a list of them), is the
     token itself: top-1 "copies itself"."""

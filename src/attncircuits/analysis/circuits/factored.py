@@ -24,7 +24,7 @@ from torch import Tensor
 
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "QKParts",
@@ -42,21 +42,21 @@ __all__ = [
 # ------------------------------------------------------------------------------------------------
 # The circuits of a head
 # ------------------------------------------------------------------------------------------------
-def _checked(model: AttnOnlyTransformer, layer: int, head: int | None) -> tuple[int, slice | int]:
+def _checked(model: Transformer, layer: int, head: int | None) -> tuple[int, slice | int]:
     """The layer and head (``None``: every head, a slice) of a public call, checked once."""
     validate.depth(model, "heads")
     layer = validate.layer(model, layer)
     return layer, slice(None) if head is None else validate.head(model, head)
 
 
-def ov_factors(model: AttnOnlyTransformer, layer: int, h: slice | int) -> FactoredMatrix:
+def ov_factors(model: Transformer, layer: int, h: slice | int) -> FactoredMatrix:
     """:func:`full_ov_circuit` for a checked layer and head (callers that checked them already)."""
     blk = model.blocks[layer]
     with torch.no_grad():
         return FactoredMatrix(model.W_E @ blk.W_V[h], blk.W_O[h] @ model.W_U)
 
 
-def full_ov_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> FactoredMatrix:
+def full_ov_circuit(model: Transformer, layer: int, head: int | None = None) -> FactoredMatrix:
     """``W_E W_V^h W_O^h W_U``: row = source token attended to, column = output logit it raises.
 
     Factored as ``(W_E W_V) [d_vocab, d_head] @ (W_O W_U) [d_head, d_vocab]``. ``head=None`` gives all
@@ -73,7 +73,7 @@ def qk_factors(model, layer: int, h: slice | int, left: Tensor, right: Tensor) -
         return FactoredMatrix(left @ blk.W_Q[h] * scale, (right @ blk.W_K[h]).transpose(-2, -1))
 
 
-def full_qk_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> FactoredMatrix:
+def full_qk_circuit(model: Transformer, layer: int, head: int | None = None) -> FactoredMatrix:
     """``W_E W_Q^h (W_E W_K^h)^T / sqrt(d_head)``: the token-token part of the attention score.
 
     Row = destination (query) token, column = source (key) token; an entry is the score the head
@@ -82,7 +82,7 @@ def full_qk_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = N
     return qk_factors(model, *_checked(model, layer, head), model.W_E, model.W_E)
 
 
-def positional_qk_circuit(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> FactoredMatrix:
+def positional_qk_circuit(model: Transformer, layer: int, head: int | None = None) -> FactoredMatrix:
     """``W_pos W_Q^h (W_pos W_K^h)^T / sqrt(d_head)``: the position-position part of the score,
     ``[n_ctx (query position), n_ctx (key position)]``; it makes previous- and current-token heads."""
     return qk_factors(model, *_checked(model, layer, head), model.W_pos, model.W_pos)
@@ -114,7 +114,7 @@ class QKParts:
         return sum(p.dense()[..., 0, 0] for p in parts)
 
 
-def qk_circuit_parts(model: AttnOnlyTransformer, layer: int, head: int | None = None) -> QKParts:
+def qk_circuit_parts(model: Transformer, layer: int, head: int | None = None) -> QKParts:
     """All four parts of the QK circuit (positions enter only the queries and keys)."""
     layer, h = _checked(model, layer, head)
     E, P = model.W_E, model.W_pos
@@ -144,7 +144,7 @@ def mean_attention_by_offset(
     return torch.stack(out, -1)
 
 
-def positional_attention(model: AttnOnlyTransformer, layer: int, n_pos: int | None = None) -> Float[Tensor, "head q k"]:
+def positional_attention(model: Transformer, layer: int, n_pos: int | None = None) -> Float[Tensor, "head q k"]:
     """The pattern each head would have from positions alone: the causal softmax of its
     position-position scores (token parts left out), ``[n_heads, n_pos, n_pos]``."""
     layer, h = _checked(model, layer, None)
@@ -155,7 +155,7 @@ def positional_attention(model: AttnOnlyTransformer, layer: int, n_pos: int | No
 
 
 def positional_heads(
-    model: AttnOnlyTransformer, layer: int, threshold: float = 0.5, window: int = 3, n_pos: int | None = None
+    model: Transformer, layer: int, threshold: float = 0.5, window: int = 3, n_pos: int | None = None
 ) -> dict[int, tuple[str, float]]:
     """Heads that attend by position, found from ``W_pos`` alone (the causal softmax of the
     position-position scores, averaged over query positions).

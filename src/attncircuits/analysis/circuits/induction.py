@@ -31,7 +31,7 @@ from attncircuits.analysis.circuits.copying import eigen_copying_score
 from attncircuits.analysis.circuits.factored import ov_factors
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "InductionEigen",
@@ -41,14 +41,14 @@ __all__ = [
 ]
 
 
-def _reader(model: AttnOnlyTransformer, layer, writers) -> tuple[int, list[int]]:
+def _reader(model: Transformer, layer, writers) -> tuple[int, list[int]]:
     """The checked reader layer (one with an earlier layer) and writer heads (None: all) of a public call."""
     validate.depth(model, "K-composition", at_least=2)
     layer = validate.layer(model, layer, "reader layer", first=1)
     return layer, list(range(model.cfg.n_heads)) if writers is None else validate.head_list(model, writers, "writers")
 
 
-def writer_ov(model: AttnOnlyTransformer, writers: Sequence[int] | None = None, layer: int = 0) -> Float[Tensor, "d_model d_model"]:
+def writer_ov(model: Transformer, writers: Sequence[int] | None = None, layer: int = 0) -> Float[Tensor, "d_model d_model"]:
     """``Σ_p W_V^p W_O^p`` over the chosen heads ``writers`` of ``layer`` (default: all of them):
     what those heads together write into the residual stream for a unit of attention."""
     validate.depth(model, "heads")
@@ -57,7 +57,7 @@ def writer_ov(model: AttnOnlyTransformer, writers: Sequence[int] | None = None, 
     return _writer_ov(model, heads, layer)
 
 
-def _writer_ov(model: AttnOnlyTransformer, heads: list[int], layer: int) -> Tensor:
+def _writer_ov(model: Transformer, heads: list[int], layer: int) -> Tensor:
     blk = model.blocks[layer]
     idx = torch.as_tensor(heads)
     with torch.no_grad():
@@ -65,7 +65,7 @@ def _writer_ov(model: AttnOnlyTransformer, heads: list[int], layer: int) -> Tens
 
 
 def k_composition_circuit(
-    model: AttnOnlyTransformer, layer: int, head: int | None = None, writers: Sequence[int] | None = None
+    model: Transformer, layer: int, head: int | None = None, writers: Sequence[int] | None = None
 ) -> FactoredMatrix:
     """The K-composition term ``W_E W_Q^h (W_E W_OV^writers W_K^h)^T / sqrt(d_head)`` of head
     ``head`` in ``layer`` (layer first, like :func:`full_ov_circuit`): row = query token, column =
@@ -79,7 +79,7 @@ def k_composition_circuit(
     return _k_composition(model, h, writers, layer)
 
 
-def _k_composition(model: AttnOnlyTransformer, h: slice | int, writers: list[int], layer: int) -> FactoredMatrix:
+def _k_composition(model: Transformer, h: slice | int, writers: list[int], layer: int) -> FactoredMatrix:
     blk = model.blocks[layer]
     ov0 = _writer_ov(model, writers, layer - 1)
     with torch.no_grad():
@@ -103,7 +103,7 @@ class InductionEigen:
 
 
 def induction_eigen_positivity(
-    model: AttnOnlyTransformer, layer: int = 1, writers: Sequence[int] | None = None
+    model: Transformer, layer: int = 1, writers: Sequence[int] | None = None
 ) -> InductionEigen:
     """The paper's QK-vs-OV scatter data for every head of ``layer`` (eigenvalues via ``BA``)."""
     layer, writers = _reader(model, layer, writers)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from attncircuits.core import validate
 from attncircuits.core.heads import head_name
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 NO_LAYERS = "attention patterns: its logits are the direct path alone"
 
@@ -93,7 +93,7 @@ def next_token_contributions(
 
 
 def attention_patterns_from_weights(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
+    model: Transformer, tokens: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, "batch head q k"]:
     """Layer-0 attention patterns computed from the weights: the causal softmax of
     ``(W_E[t_q] + W_pos[q]) W_Q ((W_E[t_k] + W_pos[k]) W_K)^T / sqrt(d_head)``, i.e. of the sum of
@@ -102,7 +102,7 @@ def attention_patterns_from_weights(
     return _patterns_from_weights(model, validate.tokens(model, tokens))
 
 
-def _patterns_from_weights(model: AttnOnlyTransformer, tokens: Tensor) -> Tensor:
+def _patterns_from_weights(model: Transformer, tokens: Tensor) -> Tensor:
     blk, n = model.blocks[0], tokens.shape[1]
     x = model.W_E[tokens] + model.W_pos[:n]
     q = einsum(x, blk.W_Q, "b p dm, h dm dh -> b h p dh")
@@ -114,7 +114,7 @@ def _patterns_from_weights(model: AttnOnlyTransformer, tokens: Tensor) -> Tensor
 
 @torch.no_grad()
 def path_expansion(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     tokens: Int[Tensor, "batch pos"],
     patterns: Float[Tensor, "batch head q k"] | None = None,
 ) -> PathExpansion:
@@ -129,7 +129,7 @@ def path_expansion(
     return _expansion(model, validate.tokens(model, tokens), patterns)
 
 
-def _expansion(model: AttnOnlyTransformer, tokens: Tensor, patterns: Tensor | None = None) -> PathExpansion:
+def _expansion(model: Transformer, tokens: Tensor, patterns: Tensor | None = None) -> PathExpansion:
     if patterns is None:
         patterns = _patterns_from_weights(model, tokens)
     else:
@@ -151,7 +151,7 @@ def _expansion(model: AttnOnlyTransformer, tokens: Tensor, patterns: Tensor | No
 
 
 @torch.no_grad()
-def path_expansion_error(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> float:
+def path_expansion_error(model: Transformer, tokens: Int[Tensor, "batch pos"]) -> float:
     """Max absolute difference between the path expansion and the model's own forward pass.
 
     One layer: ``|direct + Σ_h heads − logits|``. Deeper models: each first-layer head term against

@@ -36,7 +36,7 @@ from attncircuits.analysis.circuits.factored import ov_factors, qk_factors
 from attncircuits.core import validate
 from attncircuits.core.heads import head_name
 from attncircuits.data import token_str
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "SkipTrigramBug",
@@ -138,7 +138,7 @@ class SkipTrigrams:
 
 @torch.no_grad()
 def top_skip_trigrams(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     layer: int,
     k: int = 10,
     heads: list[int] | None = None,
@@ -182,7 +182,7 @@ def top_skip_trigrams(
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def skip_trigram_effects(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     triples: Int[Tensor, "n 3"],
     contexts: Int[Tensor, "c pos"],
     seed: int = 0,
@@ -262,7 +262,7 @@ class SkipTrigramBug:
 
 @torch.no_grad()
 def find_skip_trigram_bugs(
-    model: AttnOnlyTransformer,
+    model: Transformer,
     layer: int,
     bigram_counts: Int[Tensor, "d_vocab d_vocab"],
     k: int = 8,

@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attncircuits.core import validate
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "PAPER_TERM_IMPORTANCE",
@@ -96,7 +96,7 @@ class TwoLayerPaths:
 
 
 @torch.no_grad()
-def two_layer_path_expansion(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], cache=None) -> TwoLayerPaths:
+def two_layer_path_expansion(model: Transformer, tokens: Int[Tensor, "batch pos"], cache=None) -> TwoLayerPaths:
     """Split a 2-layer model's final residual stream on ``tokens`` into direct, single-head and
     virtual-head paths (see :class:`TwoLayerPaths`), each computed from the weights and the
     attention patterns of a forward pass (``cache``, run here if not given)."""
@@ -191,7 +191,7 @@ def _nll_sum(logits: Tensor, targets: Tensor) -> float:
 
 @torch.no_grad()
 def term_importance(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], batch_size: int = 64
+    model: Transformer, tokens: Int[Tensor, "batch pos"], batch_size: int = 64
 ) -> TermImportance:
     """The paper's term importance: freeze every attention pattern at its value in a forward pass on
     ``tokens``, then measure the next-token loss when the logits contain only the direct path, then

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from attncircuits.checkpoints.pretrained import load_pretrained
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.transformer import Transformer
 
 __all__ = ["other_heads", "random_model", "random_tokens", "shipped"]
 
@@ -65,14 +66,14 @@ def shipped(name: str):
     return ckpt
 
 
-def random_model(n_layers: int = 1, seed: int = 0, **config) -> AttnOnlyTransformer:
+def random_model(n_layers: int = 1, seed: int = 0, **config) -> Transformer:
     """A small model with seeded random weights (default sizes: d_model 32, 4 heads of 8, 64
-    tokens, n_ctx 16); keyword arguments override :class:`AttnOnlyConfig` fields."""
+    tokens, n_ctx 16); keyword arguments override :class:`ModelConfig` fields."""
     sizes = dict(d_model=32, n_heads=4, d_head=8, d_vocab=64, n_ctx=16)
     sizes.update(config)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return AttnOnlyTransformer(AttnOnlyConfig(n_layers=n_layers, **sizes)).eval()
+        return Transformer(ModelConfig(n_layers=n_layers, **sizes)).eval()
 
 
 def random_tokens(d_vocab: int, shape: tuple[int, ...], seed: int = 0) -> Tensor:

@@ -1,8 +1,8 @@
 """Checks for chapter 1, the attention-only transformer: one head's pattern and output, the
 logits of a whole model, and the next-token loss.
 
-The references are the model's own forward pass (its :class:`~attncircuits.models.attn_only.ActivationCache`)
-and :func:`~attncircuits.models.attn_only.loss_fn`.
+The references are the model's own forward pass (its :class:`~attncircuits.models.transformer.ActivationCache`)
+and :func:`~attncircuits.models.transformer.loss_fn`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from attncircuits.course.exercises._core import (
     run_check,
     shipped,
 )
-from attncircuits.models.attn_only import loss_fn
+from attncircuits.models.parts import loss_fn
 
 __all__ = ["check_attention_pattern", "check_head_output", "check_model_logits", "check_next_token_loss"]
 

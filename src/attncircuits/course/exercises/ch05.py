@@ -27,7 +27,7 @@ from attncircuits.course.exercises._core import (
     run_check,
     shipped,
 )
-from attncircuits.models.attn_only import AttnOnlyTransformer
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "check_composition_score",
@@ -38,12 +38,12 @@ __all__ = [
 ]
 
 
-def _ov(model: AttnOnlyTransformer, layer: int, head: int) -> Tensor:
+def _ov(model: Transformer, layer: int, head: int) -> Tensor:
     b = model.blocks[layer]
     return (b.W_V[head] @ b.W_O[head]).detach()
 
 
-def _qk(model: AttnOnlyTransformer, layer: int, head: int) -> Tensor:
+def _qk(model: Transformer, layer: int, head: int) -> Tensor:
     b = model.blocks[layer]
     return (b.W_Q[head] @ b.W_K[head].T).detach()
 
@@ -52,7 +52,7 @@ def _score(first: Tensor, second: Tensor) -> float:
     return float((first @ second).norm() / (first.norm() * second.norm()))
 
 
-def _two_layer() -> AttnOnlyTransformer:
+def _two_layer() -> Transformer:
     return random_model(n_layers=2, seed=5)
 
 

@@ -18,11 +18,13 @@ from torch import Tensor
 from attncircuits.analysis import losses, scores
 from attncircuits.analysis.circuits.copying import ov_copying_accuracy
 from attncircuits.analysis.losses import mean_ablation
-from attncircuits.analysis.scores import induction_heads, qk_score_terms
+from attncircuits.analysis.attribution import qk_score_terms
+from attncircuits.analysis.scores import induction_heads
 from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.course.exercises._core import Case, Diagnosis, guarded, other_heads, random_model, run_check, shipped
 from attncircuits.models import handbuilt
-from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.models.transformer import Transformer
 
 __all__ = [
     "check_ablated_loss",
@@ -35,16 +37,16 @@ __all__ = [
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
-def _two_layer() -> AttnOnlyTransformer:
+def _two_layer() -> Transformer:
     """A random two-layer model with the context of the shipped ones (room for 25 x 4 repeats)."""
     return random_model(n_layers=2, seed=6, n_ctx=128)
 
 
-def _text(model: AttnOnlyTransformer, n: int = 8) -> Tensor:
+def _text(model: Transformer, n: int = 8) -> Tensor:
     return validation_windows(n_ctx=model.cfg.n_ctx)[:n]
 
 
-def _pattern(model: AttnOnlyTransformer, tokens: Tensor, layer: int) -> Tensor:
+def _pattern(model: Transformer, tokens: Tensor, layer: int) -> Tensor:
     return model.run_with_cache(tokens)[1].pattern[layer]
 
 
@@ -125,11 +127,11 @@ def check_prefix_matching_score(fn) -> bool:
 
 
 # ---- 6.3 find the induction heads of any model ----------------------------------------------------
-def _deeper(model: AttnOnlyTransformer) -> AttnOnlyTransformer:
+def _deeper(model: Transformer) -> Transformer:
     """``model`` with an empty layer inserted after layer 0 (its heads write nothing and attend
     uniformly): the same circuit, so its induction heads are the same heads, now in layer 2."""
-    cfg = AttnOnlyConfig(**{**model.cfg.to_dict(), "n_layers": model.cfg.n_layers + 1})
-    deep = AttnOnlyTransformer(cfg).eval()
+    cfg = ModelConfig(**{**model.cfg.to_dict(), "n_layers": model.cfg.n_layers + 1})
+    deep = Transformer(cfg).eval()
     with torch.no_grad():
         deep.W_E.copy_(model.W_E)
         deep.W_U.copy_(model.W_U)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from attncircuits.analysis import losses
-from attncircuits.analysis.scores import logit_attribution
+from attncircuits.analysis.attribution import logit_attribution
 from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.course.exercises._core import (
     Case,

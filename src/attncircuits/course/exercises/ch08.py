@@ -1,5 +1,5 @@
 """Checks for chapter 8, circuits built by hand: the learner writes weights, the check puts them
-into an :class:`AttnOnlyTransformer` (:mod:`attncircuits.models.handbuilt` supplies the rest of the
+into an :class:`Transformer` (:mod:`attncircuits.models.handbuilt` supplies the rest of the
 model) and runs it. Weights that implement a circuit are far from unique, so these checks judge
 what the model *does*: its previous-token score, whether it predicts the token two back, its
 prefix-matching score and its loss on repeated random tokens; and when it fails, they read the
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from attncircuits.analysis import losses, scores
 from attncircuits.analysis.circuits import mean_attention_by_offset
-from attncircuits.analysis.scores import two_back_accuracy
+from attncircuits.analysis.attribution import two_back_accuracy
 from attncircuits.course.exercises._core import Case, guarded, random_tokens, run_check
 from attncircuits.models import handbuilt
 from attncircuits.models.handbuilt import Layout
@@ -165,7 +165,7 @@ def check_copy_ov(fn) -> bool:
 # ---- 8.3 the virtual head that looks two tokens back ----------------------------------------------
 def _compare_two_back(got, expected, case) -> str | None:
     if not hasattr(got, "blocks") or not callable(got):
-        return f"return the model (an AttnOnlyTransformer), got a {type(got).__name__}"
+        return f"return the model (an Transformer), got a {type(got).__name__}"
     if got.cfg.n_layers != 2:
         return f"the virtual head needs two layers, your model has {got.cfg.n_layers}"
     layout: Layout = case.args[0]
@@ -191,7 +191,7 @@ def _compare_two_back(got, expected, case) -> str | None:
 
 @guarded
 def check_two_back_model(fn) -> bool:
-    """``build_two_back(layout) -> AttnOnlyTransformer``: the top prediction at position ``i``
+    """``build_two_back(layout) -> Transformer``: the top prediction at position ``i``
     must be the token at ``i - 2`` (>= 99% of positions, random tokens)."""
     cases = [
         Case("the chapter's layout", (Layout(),), kind="hand-built", expected=1.0),

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from attncircuits.analysis.deeper import fold_ln_into, folded, frozen_ln, loss_bump
+from attncircuits.analysis.deeper import fold_ln_into, frozen_ln, loss_bump
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
@@ -122,7 +122,7 @@ def _shipped_stack() -> tuple[torch.Tensor, torch.Tensor]:
     """The final residual stream of ``ln-mlp-4l`` on 2 rows of random tokens, split by writer: the
     position embedding only where it is in the stream (a "shortformer" model adds it to queries
     and keys only), so the components sum to ``resid`` as the exercise says."""
-    fm = folded(shipped("ln-mlp-4l").model)
+    fm = shipped("ln-mlp-4l").model.folded()
     with torch.no_grad():
         _, cache = fm.run_with_cache(random_tokens(fm.cfg.d_vocab, (2, 12)))
         stack, labels = cache.decompose_resid(layer=-1, return_labels=True)
