@@ -80,7 +80,7 @@ $(ASSETS_STAMP): | venv
 # `make screenshots SHOT_PAGES=book/intro` shoots one page; SHOT_THEME=dark the theme's dark mode
 # (light by default, whatever the machine prefers), saved as <page>-dark-01.png, ...; SHOT_WIDTH=390
 # a phone's width (<page>-390-01.png, ...).
-SHOT_PAGES ?= book/intro book/setup book/notation $(basename $(sort $(wildcard notebooks/*.ipynb))) book/reproduces book/references
+SHOT_PAGES ?= book/intro book/setup book/notation $(basename $(sort $(wildcard notebooks/*.ipynb))) book/reproduces book/references book/maintainers
 SHOT_WIDTH ?= 1300
 SHOT_TILE ?= 2400
 SHOT_THEME ?= light

@@ -20,7 +20,7 @@ def test_rows_compare_runs_and_leave_out_what_a_run_lacks():
             "seed 1": {"attn-only-2l": _two_layer("0.1", {"1.1": 0.92, "1.3": 0.9}, False, 3.06)}}
     rows = {r[0]: r[1:] for r in across_runs(runs)}
     assert len(rows) == len(ACROSS_RUNS)
-    assert rows["validation loss, 2 layers"] == ("2.96", "3.06", "0.1")
+    assert rows["validation loss, 2 layers"] == ("2.96", "3.06", "0.10")  # one precision per row
     assert rows["validation loss, 0 layers"] == ("3.92", "-", "-")
     assert rows["2L: previous-token head"] == ("0.2", "0.1", "2 different")
     assert rows["2L: how many"] == ("2", "2", "same in all 2")
@@ -59,3 +59,12 @@ def test_a_replicate_in_use_is_shown_once(tmp_path, monkeypatch):
     (tmp_path / "seed-1" / modelset.SET_FILE).write_text(json.dumps({"kind": "replicate", "seed": 1}))
     monkeypatch.setattr(modelset, "current_dir", lambda: tmp_path / "seed-1")
     assert list(replicate.runs_to_compare(tmp_path)) == ["in use: seed-1", "seed 2"]
+
+
+def test_a_row_and_its_spread_share_one_precision():
+    """No spread column mixing precisions (0.27 beside 0.326): a row's values and its spread are
+    written with the same number of decimals."""
+    for row in across_runs(committed_results()):
+        numbers = [c for c in row[1:] if c.replace(".", "", 1).lstrip("-").isdigit()]
+        decimals = {len(c.partition(".")[2]) for c in numbers}
+        assert len(decimals) <= 1, row

@@ -57,7 +57,7 @@ def test_cell_installs_from_the_repository_named_in_config():
     assert (REPOSITORY, BRANCH) == (repo["url"], repo["branch"]), "keep the cell and _config.yml's repository in step"
 
 
-def run_cell(tmp_path, *, site: bool, colab: str | None = None, pip_fails: bool = False):
+def run_cell(tmp_path, *, site: bool, colab: str | None = None, pip_fails: bool = False, cell: str = CELL):
     """Run the cell in a fresh interpreter; return (process, recorded pip argv or None)."""
     stub = tmp_path / "stub"
     (stub / "pip").mkdir(parents=True)
@@ -66,7 +66,7 @@ def run_cell(tmp_path, *, site: bool, colab: str | None = None, pip_fails: bool 
     (stub / "google" / "colab").mkdir(parents=True)
     (stub / "google" / "__init__.py").write_text("")
     (stub / "google" / "colab" / "__init__.py").write_text("")
-    (tmp_path / "cell.py").write_text(CELL)
+    (tmp_path / "cell.py").write_text(cell)
     record = tmp_path / "pip.json"
     env = {k: v for k, v in os.environ.items() if k not in ("COLAB_RELEASE_TAG", "PYTHONPATH")}
     env.update(PYTHONPATH=str(stub), STUB_PIP_RECORD=str(record))
@@ -116,6 +116,24 @@ def test_on_colab_a_failed_install_says_what_to_run(tmp_path):
     proc, pip = run_cell(tmp_path, site=False, colab="env", pip_fails=True)
     assert proc.returncode != 0 and pip is not None
     assert f"!pip install {SOURCE}" in proc.stderr
+
+
+LEARNER = sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
+def test_a_downloaded_learner_notebook_says_the_one_command_off_colab(tmp_path, path):
+    """A learner's notebook may be opened with no clone around it: off Colab its first cell stops
+    with the one ``%pip install`` that installs the package from the repository; on Colab it
+    installs it as the solved chapters' cell does."""
+    cell = first_cell(path).source
+    proc, pip = run_cell(tmp_path, site=False, cell=cell)
+    assert proc.returncode != 0 and pip is None
+    assert f'%pip install "{SOURCE}"' in proc.stderr, proc.stderr
+    (tmp_path / "colab").mkdir()
+    proc, pip = run_cell(tmp_path / "colab", site=False, colab="env", cell=cell)
+    assert proc.returncode == 0, proc.stderr
+    assert [a for a in pip[1:] if not a.startswith("-")] == [SOURCE]
 
 
 # ---- the TransformerLens set-up cell of the chapters that need TransformerLens -----------------

@@ -140,3 +140,16 @@ def test_each_exercise_reads_task_hints_solution_check(path):
         hints = [k for k in kinds if k.startswith("Hint")]
         assert kinds[: len(hints)] == hints, f"{title}: hints after the solution ({kinds})"
         assert hints == (["Hint"] if len(hints) == 1 else [f"Hint {i}" for i in range(1, len(hints) + 1)]), (title, hints)
+
+
+def test_relative_links_of_the_learner_notebooks_resolve():
+    """A learner's copy sits one folder below its chapter, so its links to the book's pages
+    (``../book/...`` in the chapter) gain one ``../`` and still name a file."""
+    import re
+
+    for path in sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "markdown":
+                for target in re.findall(r"\]\((\.\.?/[^)#\s]+)", "".join(cell["source"])):
+                    assert (path.parent / target).resolve().is_file(), f"{path.name}: {target}"

@@ -309,9 +309,9 @@ def test_more_steps_train_each_model_again_and_the_checks_are_rewritten(tiny_set
     assert capsys.readouterr().out.count("is trained; kept") == 3  # the same command again keeps them
 
 
-def test_the_readme_and_setup_page_state_the_numbers_the_code_uses():
+def test_the_readme_and_maintainers_page_state_the_numbers_the_code_uses():
     root = Path(__file__).resolve().parents[1]
-    readme, setup = (root / "README.md").read_text(), (root / "book" / "setup.md").read_text()
+    readme, setup = (root / "README.md").read_text(), (root / "book" / "maintainers.md").read_text()
     for text in (readme, setup):
         assert f"{mine.MIN_TOKENS:,} tokens" in text and f"{mine.MIN_MEGABYTES} MB" in text
     assert f"over {split.MAX_REPEATED:.0%} of the validation text's distinct lines" in readme

@@ -55,19 +55,22 @@ def test_attention_heatmap_bad_input():
         attention_heatmap(np.ones((1, 3, 3)), ["a", "b", "c"])
 
 
-def test_loss_curve_skips_missing_points_labels_levels_inside_and_checks_keys():
+def test_loss_curve_skips_missing_points_labels_levels_beside_and_checks_keys():
     hist = {"tokens": [0, 10, 20], "train_loss": [None, 5.0, 4.0], "val_loss": [8.0, 6.0, 5.0]}
     fig = loss_curve(hist, hlines={"uniform": 9.0, "unigram": 7.0})
     ax = fig.axes[0]
     lines = ax.get_lines()
     assert list(lines[0].get_xdata()) == [10, 20] and list(lines[1].get_ydata()) == [8.0, 6.0, 5.0]
-    # the level labels sit inside the axes (not cut off at the right edge), the top level included
+    # the level labels sit just right of the axes, where no data is drawn, inside the figure (not
+    # cut off), each at its level's height
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
     box = ax.get_window_extent(renderer)
-    for t in ax.texts:
+    for t, level in zip(ax.texts, (9.0, 7.0)):
         ext = t.get_window_extent(renderer)
-        assert box.x0 <= ext.x0 and ext.x1 <= box.x1 + 0.5 and ext.y1 <= box.y1 + 0.5, t.get_text()
+        assert box.x1 <= ext.x0 and ext.x1 <= fig.bbox.x1, t.get_text()
+        y = ax.transData.transform((0, level))[1]
+        assert ext.y0 <= y <= ext.y1, t.get_text()
     with pytest.raises(KeyError, match="available"):
         loss_curve(hist, keys=("nope",))
 
@@ -285,3 +288,28 @@ def test_subplots_for_composed_panels_fit_the_column():
         attention_heatmap(np.eye(n), [f"t{i}" for i in range(n)], ax=ax, title="head 0.1")
     assert smallest_text_px(fig) >= MIN_TEXT_PX
     assert plotting.subplots()[1].__class__.__name__ == "Axes"
+
+
+def test_no_legend_or_label_covers_data():
+    """Every legend and reference label of the figure functions, at the chapters' calls, sits where
+    no plotted point is (``place_legend`` moves a legend beside the axes when "best" is not clear)."""
+    from attncircuits.show.plotting.base import covered_data
+
+    found = []
+    for name, make in _chapter_figures():
+        found += [f"{name}: {c}" for c in covered_data(make())]
+        plt.close("all")
+    assert not found, found
+
+
+def test_the_cover_check_sees_a_legend_on_a_line():
+    from attncircuits.show.plotting.base import covered_data, place_legend
+
+    fig, ax = plt.subplots(figsize=(4, 3), layout="constrained")
+    ax.plot([0, 1], [1, 1], label="a line along the top")
+    ax.plot([0, 1], [0, 0], label="one along the bottom")
+    ax.legend(loc="upper left")
+    assert covered_data(fig)
+    place_legend(ax)
+    assert not covered_data(fig)
+    plt.close(fig)

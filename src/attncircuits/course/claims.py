@@ -166,3 +166,51 @@ def models_notice() -> str:
     text = "\n".join(lines)
     print(text)
     return text
+
+
+# ---- claims across runs (the reproduces page) ----------------------------------------------------
+SHIPPED_PREFIX = "in the shipped run: "
+
+
+def split_recorded(line: str) -> tuple[str, str]:
+    """A claim recorded as not held, ``"<text> (measured: <value>)"`` (``make replicate``'s
+    results.json), as ``(text without "in the shipped run: ", value)``."""
+    text, sep, value = line.rpartition(" (measured: ")
+    if not sep or not value.endswith(")"):
+        raise ValueError(f"not a recorded claim: {line!r}")
+    return text.removeprefix(SHIPPED_PREFIX), value[:-1]
+
+
+def not_held_across_runs(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple]:
+    """One row per claim that did not hold on some run: ``(chapter, the claim as the chapter states
+    it now, what became of it, then per run its measured value or "held")``.
+
+    ``recorded`` is ``{run: results["chapters"]}`` of each run's results.json; ``now`` maps each
+    chapter's recorded wordings to ``[the claim now, "shipped" or "restated"]``
+    (``replicates/claims-now.json``), so that a claim recorded under an older wording by one run and
+    a newer one by another is one row. A restated claim's row names the wording it was recorded
+    under, whose measured values it shows. A recorded wording missing from ``now`` raises
+    ``KeyError`` naming it."""
+    rows: dict[tuple[str, str], dict] = {}
+    for run, chapters in recorded.items():
+        for chapter, counts in chapters.items():
+            for line in counts.get("claims_not_held", []):
+                text, value = split_recorded(line)
+                try:
+                    claim_now, kind = now[chapter][text]
+                except KeyError:
+                    raise KeyError(f"{run}, {chapter}: {text!r} is not in claims-now.json") from None
+                status = "the shipped run's" if kind == "shipped" else f"restated; recorded as: {text}"
+                row = rows.setdefault((chapter, claim_now), {"status": status, "values": {}})
+                row["values"][run] = value
+    runs = list(recorded)
+    return [(chapter, text, row["status"], *(row["values"].get(r, "held") for r in runs))
+            for (chapter, text), row in sorted(rows.items())]
+
+
+def counts_across_runs(recorded: dict[str, dict]) -> list[tuple]:
+    """Per chapter, ``(chapter, "held of claims" in each run)`` as each run recorded them."""
+    chapters = list(dict.fromkeys(ch for chs in recorded.values() for ch in chs))
+    return [(ch, *(f"{c['claims_held']} of {c['claims']}" if (c := chs.get(ch)) else "-"
+                   for chs in recorded.values()))
+            for ch in chapters]

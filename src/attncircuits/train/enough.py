@@ -27,7 +27,7 @@ import torch
 
 from attncircuits.analysis.scores import prefix_matching_scores
 from attncircuits.checkpoints.pretrained import load_checkpoint, validation_windows
-from attncircuits.models.attn_only import loss_fn
+from attncircuits.models.parts import loss_fn
 from attncircuits.train.replicate import INDUCTION_THRESHOLD
 
 #: chapter 1's noise: a layer's gain on validation below this is not a gain

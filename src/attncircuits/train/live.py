@@ -38,7 +38,7 @@ from attncircuits.core import validate
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.parts import loss_fn
 from attncircuits.models.transformer import Transformer
-from attncircuits.show.plotting.base import MAX_WIDTH_IN
+from attncircuits.show.plotting.base import MAX_WIDTH_IN, place_legend
 from attncircuits.train.loop import (  # noqa: F401 (re-exported)
     TrainConfig,
     evaluate,
@@ -197,7 +197,7 @@ class LiveFigure:
                 self.ax_score.annotate(f"{label} (step {log[key]:,})", (log[key], 0.9), color="tab:red", fontsize=8,
                                        xytext=(-4, 0), textcoords="offset points", ha="right")
         for ax in (self.ax_score, self.ax_loss):
-            ax.legend(fontsize=7, loc="upper left")
+            place_legend(ax, fontsize=7)  # inside where it covers no point, else beside the axes
 
 
 # ---- the run -------------------------------------------------------------------------------------

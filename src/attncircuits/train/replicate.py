@@ -155,17 +155,25 @@ ACROSS_RUNS = [
 ]
 
 
+def _decimals(values, significant: int = 3) -> int:
+    """Decimals that show the largest of ``values`` to ``significant`` digits (0.828, 3.06, 34)."""
+    top = max((abs(v) for v in values), default=0.0)
+    return max(0, significant - 1 - math.floor(math.log10(top))) if top > 0 else significant - 1
+
+
 def across_runs(runs: dict[str, dict]) -> list[tuple]:
     """One row per finding of :data:`ACROSS_RUNS`: ``(finding, value in each run..., spread)``; the
-    spread is max - min of a number, or whether the runs agree on a label. A
+    spread is max - min of a number, at the precision of the row's values, or whether the runs agree
+    on a label. A
     model a run has not trained yet shows as "-" and is left out of the spread."""
     rows = []
     for finding, model, read, kind in ACROSS_RUNS:
         values = [read(models[model]) if model in models else None for models in runs.values()]
         have = [v for v in values if v is not None]
         if kind == "number":
-            cells = [f"{v:.3g}" if v is not None else "-" for v in values]
-            spread = f"{max(have) - min(have):.2g}" if len(have) > 1 else "-"
+            nd = _decimals(have)  # one precision for the row, its spread included
+            cells = [f"{v:.{nd}f}" if v is not None else "-" for v in values]
+            spread = f"{max(have) - min(have):.{nd}f}" if len(have) > 1 else "-"
         else:
             cells = [str(v) if v is not None else "-" for v in values]
             n = len(set(have))

@@ -12,6 +12,12 @@ Every chapter of ``_toc.yml`` (``notebooks/NN_*.ipynb``) with exercises (what th
   the returned ``True``/``False`` under the check's one line;
 - the "Open the exercises in Colab" cell says instead that this is the exercises version and
   links the solved chapter;
+- the first cell, the set-up cell every chapter repeats (``tests/test_colab_cell.py``), installs
+  the package on Colab as before, and in any other Jupyter stops with the one command that
+  installs it (``%pip install "git+<repository>@<branch>"``) instead of the solved chapter's
+  ``pip install -e .`` from a clone, since a downloaded learner's notebook may have no clone
+  around it;
+- relative links (``](../book/...)``) gain one ``../``, as the copy sits one folder deeper;
 - outputs and execution counts are stripped; hints, questions and every other cell are kept.
 
 ``--check`` regenerates in memory and exits 1 naming every learner notebook that is stale,
@@ -92,7 +98,7 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
     """The learner's version of one solved notebook (a new dict; ``nb`` is left alone)."""
     nb = copy.deepcopy(nb)
     n_solutions = 0
-    for cell in nb["cells"]:
+    for i, cell in enumerate(nb["cells"]):
         tags = cell.get("metadata", {}).get("tags", [])
         where = f"{name}, cell {cell.get('id')}"
         if cell["cell_type"] == "code":
@@ -107,6 +113,8 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
                 raise ValueError(f"{where} has solution markers but no 'solution' tag")
             if LIVE_RUN in tags:  # the same cells run, asserted, in the solved notebook's test
                 cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), "nbval-skip"]
+            if i == 0 and text.startswith(_SETUP_HEADER):
+                text = learner_setup(text, where)
             text = "\n".join(_CHECK_ASSERT.sub(r"\1;", line) for line in text.split("\n"))
             cell["source"] = _lines(text)
             cell["outputs"] = []
@@ -114,7 +122,41 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
         elif cell["cell_type"] == "markdown":
             if _COLAB_LINK.match(_source(cell)):
                 cell["source"] = _lines(_learner_banner(solved_url))
+            elif "](../" in _source(cell):  # one folder deeper: links to the book's pages still resolve
+                cell["source"] = _lines(_source(cell).replace("](../", "](../../"))
     return nb
+
+
+#: the set-up cell's off-Colab branch in the solved chapters, and what the learner's copy says instead
+_SETUP_HEADER = (
+    "# Colab set-up (hidden in the book): install the course package from its\n"
+    "# repository when it is not importable; anywhere else, say how to install it.\n"
+)
+_SETUP_HEADER_LEARNER = (
+    "# Set-up: on Colab this installs the course package from its repository;\n"
+    "# in any other Jupyter it stops and prints the one command that installs it.\n"
+)
+_SETUP_OFF_COLAB = (
+    '            "The course package `attncircuits` is not installed for this "\n'
+    '            "kernel\'s Python. From the repository root run `pip install -e .` "\n'
+    '            "(or `make test` / `make book`, which set up .venv and its "\n'
+    '            "kernel), then restart the kernel."\n'
+)
+_SETUP_OFF_COLAB_LEARNER = (
+    '            "The course package `attncircuits` is not installed for this "\n'
+    '            "kernel\'s Python. Run this in a cell, then restart the kernel: "\n'
+    '            f\'%pip install "git+{REPOSITORY}@{BRANCH}"\'\n'
+)
+
+
+def learner_setup(source: str, where: str) -> str:
+    """The set-up cell of a learner's notebook: the solved chapters' cell with its off-Colab branch
+    saying the one ``%pip install`` command (a downloaded notebook may have no clone around it)."""
+    for old in (_SETUP_HEADER, _SETUP_OFF_COLAB):
+        if old not in source:
+            raise ValueError(f"{where}: the set-up cell no longer contains {old.strip()!r}; "
+                             "update make_learner's learner_setup with it")
+    return source.replace(_SETUP_HEADER, _SETUP_HEADER_LEARNER).replace(_SETUP_OFF_COLAB, _SETUP_OFF_COLAB_LEARNER)
 
 
 def _learner_banner(solved_url: str | None) -> str:

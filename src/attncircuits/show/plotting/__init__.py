@@ -30,6 +30,11 @@ labels 10 pt and titles 11 pt.
 :func:`~.base.overlapping_labels` finds tick labels that run into each other; the tests apply both
 to every figure function at the calls the chapters make.
 
+**Nothing covers the data.** A reference level's label sits just right of the axes, and a legend is
+placed by :func:`~.base.place_legend`: at matplotlib's "best" place only when that place holds no
+plotted point nor label, else beside the axes; :func:`~.base.covered_data` is the check, and the
+tests apply it to every figure function at the chapters' calls.
+
 Token labels have their whitespace made visible (``·`` space, ``⏎`` newline) with
 :func:`attncircuits.data.visible`; passing labels that are already visible is harmless.
 """
@@ -41,8 +46,10 @@ from attncircuits.show.plotting.base import (
     MAX_WIDTH_IN,
     MIN_TEXT_PX,
     ShowOnceFigure,
+    covered_data,
     figure_png,
     overlapping_labels,
+    place_legend,
     smallest_text_px,
     subplots,
     text_sizes_px,
@@ -77,6 +84,7 @@ __all__ = [
     "bigram_scatter",
     "circuit_heatmap",
     "composition_heatmaps",
+    "covered_data",
     "eigen_scatter",
     "eigenvalue_planes",
     "figure_png",
@@ -91,6 +99,7 @@ __all__ = [
     "overlapping_labels",
     "path_terms_heatmap",
     "phase_change_plot",
+    "place_legend",
     "histories_side_by_side",
     "position_loss_plot",
     "score_heatmaps",

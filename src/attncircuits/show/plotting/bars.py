@@ -17,6 +17,7 @@ from attncircuits.show.plotting.base import (
     new_axes,
     new_figure,
     numpy,
+    place_legend,
     set_title,
     token_ticks,
 )
@@ -85,7 +86,7 @@ def grouped_bars(
     if legend_below:
         ax.legend(fontsize=SMALL_PT + 0.5, ncols=min(3, len(series)), loc="upper center",
                   bbox_to_anchor=(0.5, -0.2 if xlabel else -0.1), frameon=False)
-    else:
-        ax.legend(fontsize=SMALL_PT + 0.5, ncols=2 if len(series) > 3 else 1)
     set_title(ax, title)
+    if not legend_below:
+        place_legend(ax, ncols=2 if len(series) > 3 else 1)
     return ax.figure

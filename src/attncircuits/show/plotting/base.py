@@ -1,5 +1,6 @@
 """What every figure shares: its size and type sizes, the single display, and the repeated pieces
-(titles, reference lines, numbers written in heatmap cells, token tick labels).
+(titles, reference lines, legends placed where they cover no data, numbers written in heatmap
+cells, token tick labels).
 
 The legibility rule and the numbers behind it are stated in :mod:`attncircuits.show.plotting`.
 """
@@ -119,29 +120,112 @@ def wrap(text: str, width: int) -> str:
 
 
 def finish(fig: Figure, title: str | None = None, legend_axes: Sequence[Axes] = ()) -> Figure:
-    """The common ending: legends on ``legend_axes``, a figure title wrapped to the figure's width."""
-    for ax in legend_axes:
-        ax.legend(fontsize=SMALL_PT + 0.5)
+    """The common ending: a figure title wrapped to the figure's width, then legends on
+    ``legend_axes`` (last, since each is placed where the finished layout leaves it clear of data)."""
     if title:
         chars = int(fig.get_figwidth() * 72 / (0.55 * (TITLE_PT + 0.5)))
         fig.suptitle(wrap(title, chars), fontsize=TITLE_PT + 0.5)
+    for ax in legend_axes:
+        place_legend(ax)
     return fig
 
 
 def reference_lines(ax: Axes, levels: Mapping[str, float] | None) -> None:
-    """Dashed horizontal lines at named levels (e.g. the uniform and unigram losses), labelled just
-    inside the right edge on a white ground, so no label is cut off; call it after plotting the
-    data, as it widens the y range to include the levels and their labels."""
+    """Dashed horizontal lines at named levels (e.g. the uniform and unigram losses), each labelled
+    just outside the right edge of the axes, where no data is drawn; call it after plotting the
+    data, as it widens the y range to include the levels."""
     if not levels:
         return
     for label, level in levels.items():
         ax.axhline(level, color="grey", linestyle="--", linewidth=1)
-        ax.annotate(label, (0.99, level), xycoords=("axes fraction", "data"), ha="right", va="bottom",
-                    fontsize=SMALL_PT + 0.5, color="dimgrey",
-                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+        ax.annotate(label, (1.0, level), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                    textcoords="offset points", ha="left", va="center", fontsize=SMALL_PT + 0.5,
+                    color="dimgrey", annotation_clip=False)
     lo, hi = ax.get_ylim()
     lo, hi = min(lo, *levels.values()), max(hi, *levels.values())
-    ax.set_ylim(lo, hi + 0.08 * (hi - lo))
+    pad = 0.03 * (hi - lo)
+    ax.set_ylim(lo - pad, hi + pad)
+
+
+def _renderer(fig: Figure):
+    """``fig`` drawn once (layout included), and its renderer: boxes are known only after a draw."""
+    if not hasattr(fig.canvas, "get_renderer"):  # a Figure made without pyplot has no drawing canvas yet
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    return renderer
+
+
+def _data_points(ax: Axes) -> np.ndarray:
+    """Display coordinates of what ``ax`` plots: points along every line (each segment sampled, so a
+    line crossing a box between two of its points is caught), scatter points and bar corners."""
+    pts = []
+    for line in ax.get_lines():
+        if not line.get_visible():
+            continue
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+        xy = xy[np.isfinite(xy).all(1)]
+        if len(xy) > 1:
+            t = np.linspace(0.0, 1.0, 24)[:, None, None]
+            xy = (xy[:-1] * (1 - t) + xy[1:] * t).reshape(-1, 2)
+        pts.append(xy)
+    for coll in ax.collections:
+        offsets = np.asarray(coll.get_offsets(), dtype=float)
+        if coll.get_visible() and offsets.size:
+            pts.append(coll.get_offset_transform().transform(offsets))
+    for patch in ax.patches:
+        if patch.get_visible():
+            box = patch.get_window_extent()
+            pts.append(np.array([[box.x0, box.y1], [box.x1, box.y1], [(box.x0 + box.x1) / 2, box.y1]]))
+    return np.concatenate(pts) if pts else np.zeros((0, 2))
+
+
+def _covers(box: Bbox, points: np.ndarray) -> bool:
+    inside = (points[:, 0] > box.x0) & (points[:, 0] < box.x1) & (points[:, 1] > box.y0) & (points[:, 1] < box.y1)
+    return bool(inside.any())
+
+
+def covered_data(fig: Figure) -> list[str]:
+    """What a legend or a text label of an axes covers in ``fig``: one line per legend or label
+    whose box holds a plotted point of its axes (a line, a scatter point, a bar's top), or overlaps
+    another label or legend of the figure. Draws the figure."""
+    renderer = _renderer(fig)
+    found = []
+    for ax in fig.axes:
+        points = _data_points(ax)
+        boxes = [(f"legend {[t.get_text() for t in leg.get_texts()][:3]}", leg.get_window_extent(renderer))
+                 for leg in [ax.get_legend()] if leg is not None]
+        boxes += [(f"label {t.get_text()!r}", t.get_window_extent(renderer)) for t in ax.texts
+                  if t.get_visible() and t.get_text().strip()]
+        for name, box in boxes:
+            if _covers(box, points):
+                found.append(f"{name} covers data in {ax.get_title()!r}")
+        for (a, ba), (b, bb) in zip(boxes, boxes[1:]):
+            inter = Bbox.intersection(ba, bb)
+            if inter is not None and inter.width * inter.height > 1.0:
+                found.append(f"{a} overlaps {b} in {ax.get_title()!r}")
+    return found
+
+
+def place_legend(ax: Axes, fontsize: float = SMALL_PT + 0.5, **kw):
+    """The axes' legend where it covers no data: at matplotlib's "best" place inside the axes when
+    that place holds no plotted point nor label (:func:`covered_data`), then fixed there, else just
+    outside the right edge, at the top, or at the bottom if a label sits there. Call it once the
+    axes are complete (title and labels included): the check is made on the figure as drawn."""
+    leg = ax.legend(fontsize=fontsize, loc="best", **kw)
+    if not covered_data(ax.figure):
+        # "best" is recomputed at every draw: keep the place that was checked
+        (x0, y0), _ = ax.transAxes.inverted().transform(leg.get_window_extent())
+        leg.set_loc((float(x0), float(y0)))
+        return leg
+    for loc, anchor in (("upper left", (1.02, 1.0)), ("lower left", (1.02, 0.0))):
+        leg.remove()
+        leg = ax.legend(fontsize=fontsize, loc=loc, bbox_to_anchor=anchor, borderaxespad=0.0, **kw)
+        if not covered_data(ax.figure):
+            break
+    return leg
 
 
 def annotate_cells(ax: Axes, m: np.ndarray, fmt: str, center: float, span: float, pt: float = SMALL_PT) -> None:

@@ -18,6 +18,7 @@ from attncircuits.show.plotting.base import (
     new_axes,
     new_figure,
     numpy,
+    place_legend,
     reference_lines,
     set_title,
 )
@@ -57,8 +58,8 @@ def loss_curve(
         ax.plot(*_points(list(history[x]), history[key]), marker=".", label=key.replace("_", " "))
     reference_lines(ax, hlines)
     _style(ax, x, "loss (nats / token)")
-    ax.legend(fontsize=SMALL_PT + 0.5, loc="best")
     set_title(ax, title)
+    place_legend(ax)
     return ax.figure
 
 
@@ -81,8 +82,8 @@ def position_loss_plot(
         ax.axvline(s, color="grey", linestyle=":", linewidth=1)
     reference_lines(ax, hlines)
     _style(ax, "position of the predicted token", "loss (nats)")
-    ax.legend(fontsize=SMALL_PT + 0.5, loc="best")
     set_title(ax, title)
+    place_legend(ax)
     return ax.figure
 
 
@@ -107,12 +108,11 @@ def phase_change_plot(
         for at in (vlines or {}).values():
             ax.axvline(at, color="tab:red", linestyle="--", linewidth=1)
         _style(ax, "", ylabel)
-        ax.legend(fontsize=SMALL_PT, loc="best")
     for name, at in (vlines or {}).items():
         axes[0, 0].annotate(name, (at, 1.0), xycoords=("data", "axes fraction"), ha="left", va="bottom",
                             fontsize=SMALL_PT + 0.5, color="tab:red")
     axes[-1, 0].set_xlabel(xlabel, fontsize=LABEL_PT)
-    return finish(fig, title)
+    return finish(fig, title, legend_axes=list(axes[:, 0]))
 
 
 def histories_side_by_side(
