@@ -214,12 +214,12 @@ def _os_error(err: BaseException) -> OSError:
     return OSError(code, os.strerror(code))
 
 
-def corpus_and_tokenizer(args, tmp: Path) -> tuple:
-    """Token streams, the tokenizer's path and the SHA-256 of the corpus's contents; anything new is
+def corpus_and_tokenizer(args, tmp: Path, corpus: data.Corpus | None = None) -> tuple:
+    """Token streams, the tokenizer's path, the tokenizer and the SHA-256 of the corpus's contents; anything new is
     written under ``tmp`` only (or the shipped corpus folder for ``--prepare-corpus`` without
     ``--out``, as ``make train`` does)."""
     if args.corpus_files:  # the model then carries its validation text (see attncircuits.checkpoints.modelset)
-        corpus = data.load_corpus(args.corpus_files)
+        corpus = corpus or data.load_corpus(args.corpus_files)
         tok_path = tmp / "corpus" / "tokenizer.json"
         if not (args.resume and (tmp / "corpus" / "manifest.json").is_file()):
             vocab = PRESETS[args.preset][0].get("d_vocab", data.DEFAULT_VOCAB_SIZE)
@@ -242,14 +242,15 @@ def corpus_and_tokenizer(args, tmp: Path) -> tuple:
     h = hashlib.sha256()
     for name, text in [*corpus.train, *corpus.validation]:
         h.update(f"{len(name)}:{name}{len(text)}:".encode() + text.encode("utf-8", "surrogatepass"))
-    tr, va, _ = corpus_streams(data.load_tokenizer(tok_path), corpus)
-    return tr, va, tok_path, h.hexdigest()
+    tokenizer = data.load_tokenizer(tok_path)
+    tr, va, _ = corpus_streams(tokenizer, corpus)
+    return tr, va, tok_path, tokenizer, h.hexdigest()
 
 
 def run(args) -> Path:
     model_kw, cfg, out = check_args(args)
-    if args.corpus_files:  # read (and refuse non-text files) before anything is written
-        data.load_corpus(args.corpus_files)
+    # read (and refuse non-text files) before anything is written; read once
+    corpus = data.load_corpus(args.corpus_files) if args.corpus_files else None
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -257,20 +258,20 @@ def run(args) -> Path:
     except RunFolderError as err:
         raise Refused(str(err)) from None
     try:
-        return _run(args, model_kw, cfg, out, part)
+        return _run(args, model_kw, cfg, out, part, corpus)
     finally:
         part.close()
 
 
-def _run(args, model_kw: dict, cfg: TrainConfig, out: Path, part: run_folder.Partial) -> Path:
+def _run(args, model_kw: dict, cfg: TrainConfig, out: Path, part: run_folder.Partial, corpus=None) -> Path:
     tmp, stage = part.path, "before training started"
     if part.ended:
         run_folder.clean(tmp)
         print(f"saved {out}: the run had ended with its model in place; what it left in {tmp} is removed")
         return out
     try:
-        tr, va, tok_path, corpus_sha = corpus_and_tokenizer(args, tmp)
-        model_kw = {**model_kw, "d_vocab": data.load_tokenizer(tok_path).get_vocab_size()}
+        tr, va, tok_path, tokenizer, corpus_sha = corpus_and_tokenizer(args, tmp, corpus)
+        model_kw = {**model_kw, "d_vocab": tokenizer.get_vocab_size()}
         model_cfg = model_config(model_kw)
         for name, tokens in (("training", tr), ("validation", va)):
             if len(tokens) < model_cfg.n_ctx:
