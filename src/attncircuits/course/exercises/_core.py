@@ -248,8 +248,10 @@ def _generated(name: str, generate, n: int, names: list[str]) -> list[Case]:
     out = []
     for i in range(n):
         made = generate(Draw(name, i))
-        args, note = (made.args, made.label) if isinstance(made, Case) else (tuple(made), "")
-        out.append(Case(f"generated case {i + 1} ({describe(args, names, note)})", args, kind="generated"))
+        if not isinstance(made, Case):
+            made = Case("", tuple(made))
+        out.append(Case(f"generated case {i + 1} ({describe(made.args, names, made.label)})", made.args,
+                        made.kwargs, kind="generated", expected=made.expected, others=made.others))
     return out
 
 

@@ -37,11 +37,20 @@ def _dims(case: Case) -> dict[str, int]:
 
 def _fits(diagnosis: Diagnosis, case: Case, expected, got, canonical, atol, rtol) -> bool:
     """Whether the learner's output on ``case`` is what ``diagnosis``'s mistake gives there (True
-    when the diagnosis says nothing about that case)."""
+    when the diagnosis says nothing about that case). A property (``applies``) must hold on every
+    case where the output is wrong: a property that holds on one case only is no diagnosis."""
+    if diagnosis.applies is not None:
+        try:
+            with torch.no_grad():
+                g = canonical(got) if canonical else got
+                e = canonical(expected) if canonical else expected
+                if _close(g, e, atol, rtol):
+                    return True  # right here: nothing to explain
+                return bool(diagnosis.applies(got, expected, case))
+        except Exception:  # the property cannot be read off this output: not verified
+            return False
     try:
         with torch.no_grad():
-            if diagnosis.applies is not None:
-                return True  # a property of one output; not checked across cases
             wrong = diagnosis.wrong(expected, case)
         if wrong is None:
             return True
@@ -81,13 +90,16 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare,
     got = _numbers_as_list(got, expected)
     try:
         _structure(got, expected, finite=canonical is None)
-    except _Stop:  # a wrong type or shape: a diagnosis that reads the output may still name it
+    except _Stop as stop:  # a wrong type or shape: a property of the output may still name it,
+        found = []  # once it holds on the other cases too
         for diagnosis in diagnoses:
             try:
                 if diagnosis.applies is not None and diagnosis.applies(got, expected, case):
-                    return diagnosis.message, []
+                    found.append(diagnosis)
             except Exception:
                 continue
+        if found:
+            return stop.message, found
         raise
     g = canonical(got) if canonical else got
     e = canonical(expected) if canonical else expected
