@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 
 from attncircuits.course.exercises._contract import Draw
+from attncircuits.course.exercises._core import Case
 from attncircuits.course.exercises._inputs import random_model
 from attncircuits.models.attn_only import AttnOnlyTransformer
 
-__all__ = ["causal_pattern", "head", "model", "model_tokens", "tokens"]
+__all__ = ["causal_pattern", "head", "model", "model_tokens", "pattern_case", "repeats", "tokens"]
 
 # (d_model, n_heads, d_head, d_vocab, n_ctx): one head of width 1 over 3 tokens; 3 heads of 2; two
 # heads of 8 over 7 tokens and 9 positions; d_model 2 (one sinusoid pair)
@@ -92,3 +93,37 @@ def head(draw: Draw, n_heads: int, edge: int | None = None) -> int:
     if edge is not None:
         return 0 if edge % 2 == 0 else n_heads - 1
     return draw.rng.randrange(n_heads)
+
+
+def pattern_case(draw: Draw):
+    """A causal pattern ``[batch, head, q, k]`` (pos 2 or more: position 0 has no previous token);
+    edges: every query on itself, on the first token, on the previous token, uniform rows, two
+    positions, one row of the shipped context (4 heads x 128)."""
+    edge = draw.edge(6)
+    b, h, n = ((2, 3, 5), (1, 2, 4), (1, 1, 6), (2, 2, 3), (1, 1, 2), (1, 4, 128))[edge] if edge is not None else (
+        draw.int(1, 2), draw.int(1, 4), draw.int(2, 10))
+    return (causal_pattern(draw, b, h, n, edge if edge is not None and edge < 4 else None),)
+
+
+def repeats(draw: Draw):
+    """A pattern, ``[EOT]`` + copies of ``seq_len`` random tokens, and ``seq_len``; edges: one token
+    copied twice, a token twice inside one copy (two keys match), attention exactly on the token
+    after each earlier copy, uniform attention, batch 1 and one head."""
+    edge = draw.edge(5)
+    L, R, b, h = ((1, 2, 1, 2), (4, 2, 2, 1), (3, 4, 1, 2), (2, 3, 2, 2), (5, 2, 1, 1))[edge] if edge is not None else (
+        draw.int(1, 6), draw.int(2, 4), draw.int(1, 2), draw.int(1, 3))
+    seq = torch.randint(1, 9, (b, L), generator=draw.gen)
+    note = ""
+    if edge == 1:
+        seq[:, 2] = seq[:, 0]
+        note = "a token comes twice in each copy"
+    tokens = torch.cat([torch.zeros(b, 1, dtype=torch.long), seq.repeat(1, R)], 1)
+    n = tokens.shape[1]
+    pattern = causal_pattern(draw, b, h, n, 3 if edge == 3 else None)
+    if edge == 2:  # the induction stripe: query q on key q - L + 1
+        keys = torch.arange(n)
+        keys[1 + L:] -= L - 1
+        pattern = torch.nn.functional.one_hot(keys, n).float().expand(b, h, n, n).clone()
+        note = "each later query attends to the token after its earlier copy"
+    return Case(note, (pattern, tokens, L))
+

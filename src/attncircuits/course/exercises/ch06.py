@@ -9,6 +9,7 @@ chapter's later cells call them, never the learner's versions.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -20,7 +21,8 @@ from attncircuits.analysis.circuits.copying import ov_copying_accuracy
 from attncircuits.analysis.losses import mean_ablation
 from attncircuits.analysis.scores import induction_heads, qk_score_terms
 from attncircuits.checkpoints.pretrained import validation_windows
-from attncircuits.course.exercises._core import Case, Diagnosis, guarded, other_heads, random_model, run_check, shipped
+from attncircuits.course.exercises import _draws
+from attncircuits.course.exercises._core import Case, Diagnosis, Draw, guarded, other_heads, random_model, run_check, shipped
 from attncircuits.models import handbuilt
 from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
 
@@ -82,6 +84,7 @@ def check_previous_token_score(fn) -> bool:
                       lambda e, c: _prev(c.args[0]).mean().expand_as(e)),
         ],
         name="previous_token_score",
+        generate=_draws.pattern_case,
     )
 
 
@@ -121,6 +124,7 @@ def check_prefix_matching_score(fn) -> bool:
                                           "b h q k, b q k -> b h q").mean((0, 2))),
         ],
         name="prefix_matching_score",
+        generate=_draws.repeats,
     )
 
 
@@ -193,7 +197,22 @@ def check_find_induction_heads(fn) -> bool:
         Case("attn-only-2l with an empty layer inserted (its induction heads in layer 2)",
              (_deeper(shipped("attn-only-2l").model),), kind="hand-built"),
     ]
-    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads")
+    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads",
+                     n_generated=2, generate=_more_models)
+
+
+@functools.lru_cache(maxsize=None)
+def _smaller_induction(deeper: bool) -> AttnOnlyTransformer:
+    model = handbuilt.induction_model(handbuilt.Layout(d_vocab=64, n_pos_pairs=12))
+    return _deeper(model) if deeper else model
+
+
+def _more_models(draw: Draw):
+    """A smaller hand-built induction model with an empty layer 1 (its induction head in layer 2);
+    a random three-layer model of one head per layer."""
+    if draw.i == 0:
+        return Case("a 64-token hand-built induction model, its induction head in layer 2", (_smaller_induction(True),))
+    return (random_model(n_layers=3, seed=draw.i, n_heads=1, d_head=8, d_model=16, d_vocab=64, n_ctx=128),)
 
 
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
@@ -254,7 +273,22 @@ def check_ablated_loss(fn) -> bool:
         ],
         name="ablated_loss",
         atol=1e-3,
+        returns=float,
+        n_generated=8,
+        generate=_ablation,
     )
+
+
+def _ablation(draw: Draw) -> Case:
+    """A model of 1-3 layers, tokens (pos 2 or more), a head and a mode; edges: head (0, 0) and
+    the last head of the last layer, both modes, one row of tokens."""
+    edge = draw.edge(4)
+    m, t = _draws.model_tokens(draw, (1, 3), min_pos=2)
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+    head = ((0, 0), (L - 1, H - 1))[edge % 2] if edge is not None else (draw.rng.randrange(L), draw.rng.randrange(H))
+    mode = ("zero", "mean")[edge // 2] if edge is not None else draw.choice(("zero", "mean"))
+    args = (m, t, head, mode)
+    return Case("", args, others=other_heads(args, 2, [(l, h) for l in range(L) for h in range(H)]))
 
 
 # ---- 6.5 the induction head's scores, by source ---------------------------------------------------
@@ -289,7 +323,16 @@ def check_qk_score_terms(fn) -> bool:
         canonical=_causal,
         atol=1e-3,
         rtol=1e-3,
+        n_generated=8,
+        generate=_layer1_head,
     )
+
+
+def _layer1_head(draw: Draw) -> Case:
+    """A two-layer model, tokens and a layer-1 head (the first and the last at the edges)."""
+    m, t = _draws.model_tokens(draw, 2)
+    args = (m, t, _draws.head(draw, m.cfg.n_heads, draw.edge(4)))
+    return Case("", args, others=other_heads(args, 2, m.cfg.n_heads, "head 1.{}"))
 
 
 # ---- 6.6 the induction heads' OV circuit: does it copy? -------------------------------------------
@@ -329,4 +372,23 @@ def check_copying_accuracy(fn) -> bool:
         ],
         name="copying_accuracy",
         atol=1e-6,
+        returns=float,
+        n_generated=12,
+        generate=_head_sets,
     )
+
+
+def _head_sets(draw: Draw):
+    """A model of 1 or 2 layers and a list of heads; edges: one head, every head of every layer,
+    the last head alone, heads of both layers."""
+    edge = draw.edge(4)
+    m = _draws.model(draw, (1, 2) if edge is None else 1 + edge % 2, edge=edge)
+    every = [(l, h) for l in range(m.cfg.n_layers) for h in range(m.cfg.n_heads)]
+    if edge == 0:
+        return m, every[:1]
+    if edge == 1:
+        return m, every
+    if edge == 2:
+        return m, every[-1:]
+    n = draw.int(1, len(every))
+    return m, sorted(draw.rng.sample(every, n))
