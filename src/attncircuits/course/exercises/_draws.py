@@ -15,10 +15,13 @@ from torch import Tensor
 
 from attncircuits.course.exercises._contract import Draw
 from attncircuits.course.exercises._core import Case
-from attncircuits.course.exercises._inputs import random_model
+from attncircuits.course.exercises._inputs import other_heads, random_model
 from attncircuits.models.attn_only import AttnOnlyTransformer
 
-__all__ = ["causal_pattern", "head", "model", "model_tokens", "pattern_case", "repeats", "tokens"]
+__all__ = [
+    "ablation_case", "causal_pattern", "head", "head_case", "head_sets", "model", "model_tokens", "pattern_case", "repeats",
+    "tokens",
+]
 
 # (d_model, n_heads, d_head, d_vocab, n_ctx): one head of width 1 over 3 tokens; 3 heads of 2; two
 # heads of 8 over 7 tokens and 9 positions; d_model 2 (one sinusoid pair)
@@ -127,3 +130,38 @@ def repeats(draw: Draw):
         note = "each later query attends to the token after its earlier copy"
     return Case(note, (pattern, tokens, L))
 
+
+def ablation_case(draw: Draw) -> Case:
+    """A model of 1-3 layers, tokens (pos 2 or more), a head and a mode; edges: head (0, 0) and
+    the last head of the last layer, both modes, one row of tokens."""
+    edge = draw.edge(4)
+    m, t = model_tokens(draw, (1, 3), min_pos=2)
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+    pair = ((0, 0), (L - 1, H - 1))[edge % 2] if edge is not None else (draw.rng.randrange(L), draw.rng.randrange(H))
+    mode = ("zero", "mean")[edge // 2] if edge is not None else draw.choice(("zero", "mean"))
+    args = (m, t, pair, mode)
+    return Case("", args, others=other_heads(args, 2, [(l, h) for l in range(L) for h in range(H)]))
+
+
+def head_case(draw: Draw, n_layers: int = 1, label: str = "head {}") -> Case:
+    """A model, tokens and a head of its last layer (the first and the last head at the edges),
+    with the other heads as neighbours."""
+    m, t = model_tokens(draw, n_layers)
+    args = (m, t, head(draw, m.cfg.n_heads, draw.edge(4)))
+    return Case("", args, others=other_heads(args, 2, m.cfg.n_heads, label))
+
+
+def head_sets(draw: Draw):
+    """A model of 1 or 2 layers and a list of heads; edges: one head, every head of every layer,
+    the last head alone, heads of both layers."""
+    edge = draw.edge(4)
+    m = model(draw, (1, 2) if edge is None else 1 + edge % 2, edge=edge)
+    every = [(l, h) for l in range(m.cfg.n_layers) for h in range(m.cfg.n_heads)]
+    if edge == 0:
+        return m, every[:1]
+    if edge == 1:
+        return m, every
+    if edge == 2:
+        return m, every[-1:]
+    n = draw.int(1, len(every))
+    return m, sorted(draw.rng.sample(every, n))

@@ -67,14 +67,6 @@ def check_direct_path_logits(direct_path_logits) -> bool:
                      n_generated=12, generate=_draws.model_tokens)
 
 
-def _head_case(draw: Draw, index: int = 2) -> Case:
-    """A one-layer model, tokens and a head (the first and the last at the edges), with the other
-    heads as neighbours."""
-    m, t = _draws.model_tokens(draw)
-    args = (m, t, _draws.head(draw, m.cfg.n_heads, draw.edge(4)))
-    return Case("", args, others=other_heads(args, index, m.cfg.n_heads))
-
-
 # ---- Exercise 3.2 --------------------------------------------------------------------------------
 def _head_term(model, tokens, head, **kw):
     b = model.blocks[0]
@@ -101,7 +93,7 @@ def check_head_logit_term(head_logit_term) -> bool:
     ]
     return run_check(
         head_logit_term, cases, lambda m, t, h: path_expansion(m, t).heads[:, :, h], mistakes, atol=1e-4, rtol=1e-3,
-        n_generated=12, generate=_head_case,
+        n_generated=12, generate=_draws.head_case,
     )
 
 

@@ -95,6 +95,18 @@ def _prefix(pattern, tokens, seq_len):
     return mass[:, :, 1 + seq_len :].mean((0, 2))
 
 
+def _by_position(pattern, tokens, seq_len, nearest=False):
+    """Attention on key q - j * seq_len + 1 for each earlier copy j (``nearest``: j = 1 only):
+    the targets found by position, which miss a token that comes twice in one copy."""
+    n = tokens.shape[1]
+    target = torch.zeros(n, n)
+    for q in range(1 + seq_len, n):
+        for j in range(1, 2 if nearest else q // seq_len + 1):
+            if q - j * seq_len + 1 >= 1:
+                target[q, q - j * seq_len + 1] = 1.0
+    return einsum(pattern, target.to(pattern.dtype), "b h q k, q k -> b h q")[:, :, 1 + seq_len :].mean((0, 2))
+
+
 def _duplicate(pattern, tokens, seq_len):
     n = tokens.shape[1]
     same = (tokens[:, :, None] == tokens[:, None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
@@ -119,6 +131,11 @@ def check_prefix_matching_score(fn) -> bool:
         [
             Diagnosis("you scored attention to the earlier copy of the token itself; the target is the token after it",
                       lambda e, c: _duplicate(*c.args)),
+            Diagnosis("only the token after the nearest earlier copy counted; count the one after every earlier "
+                      "copy: each key whose previous token is the query's token", lambda e, c: _by_position(*c.args, nearest=True)),
+            Diagnosis("the keys were found by position; the text asks for keys whose previous token equals the "
+                      "query's token, which also finds a token that comes twice in one copy",
+                      lambda e, c: _by_position(*c.args)),
             Diagnosis("you averaged over the first copy too: only queries in later copies (from 1 + seq_len) count",
                       lambda e, c: einsum(c.args[0], scores.prefix_match_targets(c.args[1]).to(e.dtype),
                                           "b h q k, b q k -> b h q").mean((0, 2))),
@@ -275,20 +292,8 @@ def check_ablated_loss(fn) -> bool:
         atol=1e-3,
         returns=float,
         n_generated=8,
-        generate=_ablation,
+        generate=_draws.ablation_case,
     )
-
-
-def _ablation(draw: Draw) -> Case:
-    """A model of 1-3 layers, tokens (pos 2 or more), a head and a mode; edges: head (0, 0) and
-    the last head of the last layer, both modes, one row of tokens."""
-    edge = draw.edge(4)
-    m, t = _draws.model_tokens(draw, (1, 3), min_pos=2)
-    L, H = m.cfg.n_layers, m.cfg.n_heads
-    head = ((0, 0), (L - 1, H - 1))[edge % 2] if edge is not None else (draw.rng.randrange(L), draw.rng.randrange(H))
-    mode = ("zero", "mean")[edge // 2] if edge is not None else draw.choice(("zero", "mean"))
-    args = (m, t, head, mode)
-    return Case("", args, others=other_heads(args, 2, [(l, h) for l in range(L) for h in range(H)]))
 
 
 # ---- 6.5 the induction head's scores, by source ---------------------------------------------------
@@ -324,15 +329,8 @@ def check_qk_score_terms(fn) -> bool:
         atol=1e-3,
         rtol=1e-3,
         n_generated=8,
-        generate=_layer1_head,
+        generate=lambda draw: _draws.head_case(draw, 2, "head 1.{}"),
     )
-
-
-def _layer1_head(draw: Draw) -> Case:
-    """A two-layer model, tokens and a layer-1 head (the first and the last at the edges)."""
-    m, t = _draws.model_tokens(draw, 2)
-    args = (m, t, _draws.head(draw, m.cfg.n_heads, draw.edge(4)))
-    return Case("", args, others=other_heads(args, 2, m.cfg.n_heads, "head 1.{}"))
 
 
 # ---- 6.6 the induction heads' OV circuit: does it copy? -------------------------------------------
@@ -374,21 +372,6 @@ def check_copying_accuracy(fn) -> bool:
         atol=1e-6,
         returns=float,
         n_generated=12,
-        generate=_head_sets,
+        generate=_draws.head_sets,
     )
 
-
-def _head_sets(draw: Draw):
-    """A model of 1 or 2 layers and a list of heads; edges: one head, every head of every layer,
-    the last head alone, heads of both layers."""
-    edge = draw.edge(4)
-    m = _draws.model(draw, (1, 2) if edge is None else 1 + edge % 2, edge=edge)
-    every = [(l, h) for l in range(m.cfg.n_layers) for h in range(m.cfg.n_heads)]
-    if edge == 0:
-        return m, every[:1]
-    if edge == 1:
-        return m, every
-    if edge == 2:
-        return m, every[-1:]
-    n = draw.int(1, len(every))
-    return m, sorted(draw.rng.sample(every, n))
