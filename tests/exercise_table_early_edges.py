@@ -67,10 +67,6 @@ def _edges(wrong, right, sol) -> None:
         B @ A).squeeze(), "1-D")
     wrong("ch05.check_composition_score", "1e-6 added to the denominator", lambda a, b: float(
         (a @ b).norm() / (a.norm() * b.norm() + 1e-6)), "generated")
-    wrong("ch05.check_k_composition_score", "the reader from the last layer, blocks[-1]", lambda m, w, r: float(
-        (lambda ov, qk: (ov @ qk.T).norm() / (ov.norm() * qk.norm()))(m.blocks[0].W_V[w] @ m.blocks[0].W_O[w],
-                                                                     m.blocks[-1].W_Q[r] @ m.blocks[-1].W_K[r].T)),
-        "generated")
     wrong("ch06.check_prefix_matching_score", "the nearest earlier copy's next token only", _stripe_prefix,
           "nearest earlier copy", "named")
     wrong("ch06.check_prefix_matching_score", "each earlier copy's next token, found by position",

@@ -56,9 +56,22 @@ def _fits(diagnosis: Diagnosis, case: Case, expected, got, canonical, atol, rtol
             return True
         g = canonical(got) if canonical else got
         w = canonical(wrong) if canonical else wrong
-        return _close(g, w, atol, rtol)
+        return _close(_nan_marked(g), _nan_marked(w), atol, rtol)  # the mistake's NaN is the learner's
     except Exception:
         return True
+
+
+_NAN = 1.2345e30  # stands for NaN when a mistake's output is compared with the learner's
+
+
+def _nan_marked(x):
+    if isinstance(x, Tensor) and x.is_floating_point():
+        return torch.nan_to_num(x, nan=_NAN, posinf=float("inf"), neginf=float("-inf"))
+    if isinstance(x, float) and x != x:
+        return _NAN
+    if isinstance(x, (list, tuple)):
+        return type(x)(_nan_marked(v) for v in x)
+    return x
 
 
 def _another(got, case, reference, canonical, atol, rtol) -> str | None:
