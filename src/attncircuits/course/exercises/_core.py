@@ -244,7 +244,20 @@ def run_check(
                                           N_GENERATED if n_generated is None else n_generated, identities))
 
 
+_GENERATED: dict[tuple, list[Case]] = {}  # (check, n, argument names) -> its generated cases, drawn once a session
+_EXPECTED: dict[int, tuple[Any, float]] = {}  # id of a generated case -> the reference's output and its seconds
+
+
 def _generated(name: str, generate, n: int, names: list[str]) -> list[Case]:
+    """The check's generated cases: drawn once a session (they are seeded, and every call gets
+    copies of their inputs), so a check run again costs only the calls."""
+    key = (name, n, tuple(names))
+    if key not in _GENERATED:
+        _GENERATED[key] = _draw_cases(name, generate, n, names)
+    return _GENERATED[key]
+
+
+def _draw_cases(name: str, generate, n: int, names: list[str]) -> list[Case]:
     out = []
     for i in range(n):
         made = generate(Draw(name, i))
@@ -273,10 +286,16 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
             if expected is None:
                 if reference is None:
                     raise ValueError(f"case {case.label!r} has no expected value and the check has no reference")
-                t = time.perf_counter()
-                with torch.no_grad():
-                    expected = reference(*case.args, **case.kwargs)
-                limit = min(limit, max(MIN_CALL_LIMIT, CALL_FACTOR * (time.perf_counter() - t)))
+                if id(case) in _EXPECTED:  # a generated case: the reference ran on it before
+                    expected, seconds = _EXPECTED[id(case)]
+                else:
+                    t = time.perf_counter()
+                    with torch.no_grad():
+                        expected = reference(*case.args, **case.kwargs)
+                    seconds = time.perf_counter() - t
+                    if case.kind == "generated":
+                        _EXPECTED[id(case)] = (expected, seconds)
+                limit = min(limit, max(MIN_CALL_LIMIT, CALL_FACTOR * seconds))
             limit = max(0.05, min(limit, deadline - time.perf_counter()))
             try:
                 got = _call(fn, case, limit, s["slow_hint"], s["method"],

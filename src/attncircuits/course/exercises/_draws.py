@@ -8,6 +8,7 @@ check builds each one once per session (the learner's function gets a copy of it
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -22,6 +23,8 @@ __all__ = [
     "ablation_case", "causal_pattern", "head", "head_case", "head_sets", "model", "model_tokens", "pattern_case", "repeats",
     "tokens",
 ]
+
+MODEL_CASES = 8  # generated cases for a check whose inputs are models (every call gets a copy of the model)
 
 # (d_model, n_heads, d_head, d_vocab, n_ctx): one head of width 1 over 3 tokens; 3 heads of 2; two
 # heads of 8 over 7 tokens and 9 positions; d_model 2 (one sinusoid pair)
@@ -151,17 +154,25 @@ def head_case(draw: Draw, n_layers: int = 1, label: str = "head {}") -> Case:
     return Case("", args, others=other_heads(args, 2, m.cfg.n_heads, label))
 
 
+@functools.lru_cache(maxsize=64)
+def _copying(base: AttnOnlyTransformer) -> AttnOnlyTransformer:
+    """``base`` with W_U = W_E^T, its layer-0 heads copying (W_O = W_V^T) and its later heads
+    suppressing (W_O = -W_V^T): accuracies far apart, where a random model's are all near 0."""
+    m = copy.deepcopy(base)
+    with torch.no_grad():
+        m.W_U.copy_(m.W_E.T)
+        for layer, block in enumerate(m.blocks):
+            block.W_O.copy_(block.W_V.transpose(-1, -2) * (1 if layer == 0 else -1))
+    return m
+
+
 def head_sets(draw: Draw):
-    """A model of 1 or 2 layers and a list of heads; edges: one head, every head of every layer,
-    the last head alone, heads of both layers."""
+    """A model whose layer-0 heads copy and later heads suppress, and a list of its heads; edges:
+    one head of a one-layer model, every head of two layers, the last head alone, every layer-0
+    head of two layers."""
     edge = draw.edge(4)
-    m = model(draw, (1, 2) if edge is None else 1 + edge % 2, edge=edge)
+    m = _copying(model(draw, 1 if edge == 0 else 2, edge=edge, min_vocab=16))
     every = [(l, h) for l in range(m.cfg.n_layers) for h in range(m.cfg.n_heads)]
-    if edge == 0:
-        return m, every[:1]
-    if edge == 1:
-        return m, every
-    if edge == 2:
-        return m, every[-1:]
-    n = draw.int(1, len(every))
-    return m, sorted(draw.rng.sample(every, n))
+    if edge is not None:
+        return m, (every[:1], every, every[-1:], every[: m.cfg.n_heads])[edge]
+    return m, sorted(draw.rng.sample(every, draw.int(1, len(every))))

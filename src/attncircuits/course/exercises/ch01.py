@@ -218,7 +218,7 @@ def check_model_logits(model_logits) -> bool:
             lambda e, c: _logits_every_layer_reads_embedding(*c.args),
         ),
     ]
-    return run_check(model_logits, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=12,
+    return run_check(model_logits, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=_draws.MODEL_CASES,
                      generate=lambda draw: _draws.model_tokens(draw, n_layers=(0, 3)))
 
 

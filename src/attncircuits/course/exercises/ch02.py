@@ -61,7 +61,7 @@ def check_bigram_table(bigram_table) -> bool:
         ),
     ]
     return run_check(bigram_table, cases, lambda m: bigram_log_probs(m, direct_path=True), mistakes, atol=1e-4,
-                     n_generated=12, generate=lambda draw: (_draws.model(draw, (0, 2), edge=draw.edge(4)),))
+                     n_generated=_draws.MODEL_CASES, generate=lambda draw: (_draws.model(draw, (0, 2), edge=draw.edge(4)),))
 
 
 # ---- Exercise 2.2 --------------------------------------------------------------------------------

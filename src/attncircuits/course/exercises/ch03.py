@@ -64,7 +64,7 @@ def check_direct_path_logits(direct_path_logits) -> bool:
         ),
     ]
     return run_check(direct_path_logits, _text_cases(), lambda m, t: path_expansion(m, t).direct, mistakes, atol=1e-4,
-                     n_generated=12, generate=_draws.model_tokens)
+                     n_generated=_draws.MODEL_CASES, generate=_draws.model_tokens)
 
 
 # ---- Exercise 3.2 --------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def check_head_logit_term(head_logit_term) -> bool:
     ]
     return run_check(
         head_logit_term, cases, lambda m, t, h: path_expansion(m, t).heads[:, :, h], mistakes, atol=1e-4, rtol=1e-3,
-        n_generated=12, generate=_draws.head_case,
+        n_generated=_draws.MODEL_CASES, generate=_draws.head_case,
     )
 
 
@@ -123,7 +123,7 @@ def check_logits_from_paths(logits_from_paths) -> bool:
         ),
     ]
     cases = _text_cases() + [Case("another random model", (random_model(1, seed=9, n_heads=2, d_head=16), random_tokens(64, (1, 16), seed=3)), kind="random")]
-    return run_check(logits_from_paths, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=12,
+    return run_check(logits_from_paths, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=_draws.MODEL_CASES,
                      generate=_draws.model_tokens)
 
 
@@ -173,7 +173,7 @@ def check_ov_circuit_factors(ov_circuit_factors) -> bool:
         return ov.A, ov.B
 
     return run_check(ov_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3,
-                     n_generated=12, generate=_model_head)
+                     n_generated=_draws.MODEL_CASES, generate=_model_head)
 
 
 @guarded
@@ -196,7 +196,7 @@ def check_qk_circuit_factors(qk_circuit_factors) -> bool:
         return qk.A, qk.B
 
     return run_check(qk_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3,
-                     n_generated=12, generate=_model_head)
+                     n_generated=_draws.MODEL_CASES, generate=_model_head)
 
 
 # ---- Exercise 3.6 --------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def check_positional_head(positional_head) -> bool:
         Diagnosis("only the current token (offset 0) was counted; sum offsets 0, 1 and 2", pick(offsets=1)),
     ]
     return run_check(positional_head, cases, lambda m: int(_recent_attention(m).argmax()), mistakes, returns=int,
-                     n_generated=12, generate=_positional_case)
+                     n_generated=_draws.MODEL_CASES, generate=_positional_case)
 
 
 @functools.lru_cache(maxsize=None)

@@ -75,7 +75,7 @@ def check_skip_trigram_score(skip_trigram_score) -> bool:
         ),
     ]
     return run_check(skip_trigram_score, cases, _score, mistakes, atol=1e-4, rtol=1e-3, returns=float,
-                     n_generated=12, generate=_triple)
+                     n_generated=_draws.MODEL_CASES, generate=_triple)
 
 
 def _triple(draw: Draw) -> Case:
@@ -164,7 +164,7 @@ def check_top_skip_trigrams(top_skip_trigrams_of_head) -> bool:
         cases,
         lambda m, h, t, k: top_skip_trigrams(m, 0, k, heads=[h], tokens=t).triples(h),
         compare=_compare_triples,
-        n_generated=12,
+        n_generated=_draws.MODEL_CASES,
         generate=_subset,
     )
 
@@ -347,7 +347,7 @@ def check_copying_score(copying_score) -> bool:
         atol=1e-4,
         rtol=1e-3,
         returns=float,
-        n_generated=12,
+        n_generated=_draws.MODEL_CASES,
         generate=_model_head,
     )
 

@@ -164,7 +164,7 @@ def check_k_composition_score(fn) -> bool:
         atol=1e-5,
         rtol=1e-3,
         returns=float,
-        n_generated=12,
+        n_generated=_draws.MODEL_CASES,
         generate=_writer_reader,
     )
 
@@ -303,7 +303,7 @@ def check_virtual_ov(fn) -> bool:
         name="virtual_ov",
         atol=1e-3,
         rtol=1e-3,
-        n_generated=12,
+        n_generated=_draws.MODEL_CASES,
         generate=lambda draw: _writer_reader(draw, "writer 0.{}", 1),
     )
 

@@ -371,7 +371,7 @@ def check_copying_accuracy(fn) -> bool:
         name="copying_accuracy",
         atol=1e-6,
         returns=float,
-        n_generated=12,
+        n_generated=_draws.MODEL_CASES,
         generate=_draws.head_sets,
     )
 

@@ -230,6 +230,6 @@ def check_logit_attribution(fn) -> bool:
         name="logit_attribution",
         atol=1e-3,
         rtol=1e-4,
-        n_generated=12,
+        n_generated=_draws.MODEL_CASES,
         generate=lambda draw: _draws.model_tokens(draw, (0, 3), min_pos=2),
     )

@@ -170,7 +170,7 @@ def check_zero_ablated_loss(fn) -> bool:
         ],
         atol=1e-4,
         rtol=1e-4,
-        n_generated=6,
+        n_generated=4,
         generate=_hooked_case,
     )
 
