@@ -58,7 +58,9 @@ Writing a check:
   reference's output (or recomputes from ``case.args``) into what that mistake produces, and
   ``message`` is printed when the learner's output matches it. Return ``None`` from ``wrong``
   when the mistake does not apply to a case. A diagnosis that equals the right answer on a case
-  (e.g. a mask that changes nothing) is skipped there.
+  (e.g. a mask that changes nothing) is skipped there. A property (``applies``) names a mistake
+  only when it holds on every case the learner's output gets wrong, so make it a verified fact
+  about the output (``g @ W_U`` is the answer), not a guess (the last axis has d_model entries).
 - ``canonical`` maps an output to what is compared, after the type and shape checks: e.g. the
   product of two factors (factors are unique only up to an invertible matrix between them), or a
   sorted list.
@@ -69,7 +71,10 @@ Writing a check:
   name and the index, run after the fixed cases; ``draw.edge(n)`` walks through ``n`` edges the
   text allows first (the extreme at the last position, values of 0, ``None`` first, a variance
   near zero, one element, the largest shape). A failure on one shows the case's inputs (values
-  when small, else shapes) with what the function got and what was expected.
+  when small, else shapes; a model by its sizes) with what the function got and what was
+  expected. The cases are drawn once a session and the reference's output on each is kept.
+  :mod:`._draws` has the draws several chapters share (small models, tokens, causal patterns);
+  a ``Case`` returned by ``generate`` may carry ``others`` and ``expected``.
 - ``returns`` (``float`` or ``int``): the type the text asks; ``outputs``: names of a tuple's
   items for messages; ``identities``: :class:`Identity` facts the text states about the inputs.
 - ``compare(got, expected, case)`` replaces the numeric comparison for outputs that are not
