@@ -21,7 +21,7 @@ from attncircuits.models.attn_only import AttnOnlyTransformer
 
 __all__ = [
     "ablation_case", "causal_pattern", "head", "head_case", "head_sets", "model", "model_tokens", "pattern_case", "repeats",
-    "tokens",
+    "tokens", "causal_rows", "copies",
 ]
 
 MODEL_CASES = 8  # generated cases for a check whose inputs are models (every call gets a copy of the model)
@@ -176,3 +176,20 @@ def head_sets(draw: Draw):
     if edge is not None:
         return m, (every[:1], every, every[-1:], every[: m.cfg.n_heads])[edge]
     return m, sorted(draw.rng.sample(every, draw.int(1, len(every))))
+
+
+def causal_rows(pattern: Tensor, *_) -> bool:
+    """Whether ``pattern [..., q, k]`` is a causal attention pattern: nothing above the diagonal,
+    each row summing to 1 (an identity the pattern exercises' texts state)."""
+    n = pattern.shape[-1]
+    upper = ~torch.ones(n, n, dtype=torch.bool).tril()
+    return bool(pattern[..., upper].abs().max() < 1e-6 if upper.any() else True) and bool(
+        torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-4))
+
+
+def copies(tokens: Tensor, seq_len: int) -> bool:
+    """Whether ``tokens [batch, pos]`` is one start token and copies of its first ``seq_len`` after it."""
+    rest = tokens[:, 1:]
+    if rest.shape[1] % seq_len:
+        return False
+    return bool((rest.reshape(len(rest), -1, seq_len) == rest[:, None, :seq_len]).all())

@@ -22,7 +22,9 @@ from attncircuits.analysis.losses import mean_ablation
 from attncircuits.analysis.scores import induction_heads, qk_score_terms
 from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.course.exercises import _draws
-from attncircuits.course.exercises._core import Case, Diagnosis, Draw, guarded, other_heads, random_model, run_check, shipped
+from attncircuits.course.exercises._core import (
+    Case, Diagnosis, Draw, Identity, guarded, other_heads, random_model, run_check, shipped,
+)
 from attncircuits.models import handbuilt
 from attncircuits.models.attn_only import AttnOnlyConfig, AttnOnlyTransformer
 
@@ -85,6 +87,7 @@ def check_previous_token_score(fn) -> bool:
         ],
         name="previous_token_score",
         generate=_draws.pattern_case,
+        identities=[Identity("a causal pattern: each query's attention sums to 1", _draws.causal_rows)],
     )
 
 
@@ -142,6 +145,8 @@ def check_prefix_matching_score(fn) -> bool:
         ],
         name="prefix_matching_score",
         generate=_draws.repeats,
+        identities=[Identity("a causal pattern: each query's attention sums to 1", _draws.causal_rows),
+                    Identity("tokens are [EOT] then copies of seq_len tokens", lambda p, t, L: _draws.copies(t, L))],
     )
 
 

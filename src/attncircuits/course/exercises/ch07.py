@@ -18,6 +18,7 @@ from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
     Draw,
+    Identity,
     guarded,
     random_model,
     random_tokens,
@@ -114,6 +115,7 @@ def check_copy_losses(fn) -> bool:
         name="copy_losses",
         atol=1e-5,
         generate=_copies,
+        identities=[Identity("loss has seq_len * n_repeats entries", lambda loss, L, n: loss.shape == (L * n,))],
     )
 
 
@@ -186,6 +188,9 @@ def check_smear_scores(fn) -> bool:
         name="smear_scores",
         atol=1e-4,
         generate=_scores,
+        identities=[Identity("the entries above the diagonal are -inf, weights in [0, 1]", lambda s, w: bool(
+            (s.triu(1) == float("-inf"))[..., ~torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool).tril()].all())
+            and bool(((w >= 0) & (w <= 1)).all()))],
     )
 
 

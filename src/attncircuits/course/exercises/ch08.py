@@ -14,7 +14,7 @@ from torch import Tensor
 from attncircuits.analysis import losses, scores
 from attncircuits.analysis.circuits import mean_attention_by_offset
 from attncircuits.analysis.scores import two_back_accuracy
-from attncircuits.course.exercises._core import Case, Draw, guarded, random_tokens, run_check
+from attncircuits.course.exercises._core import Case, Draw, Identity, guarded, random_tokens, run_check
 from attncircuits.models import handbuilt
 from attncircuits.models.handbuilt import Layout
 
@@ -172,7 +172,11 @@ def check_copy_ov(fn) -> bool:
         Case("prev -> out", (layout.d_model, layout.d_head, layout.block("prev"), layout.block("out")), kind="hand-built"),
         Case("a small stream: dims 2-5 -> 8-11", (12, 4, slice(2, 6), slice(8, 12)), kind="hand-built"),
     ]
-    return run_check(fn, cases, handbuilt.copy_ov, compare=_compare_copy, name="copy_ov", generate=_blocks)
+    same_size = Identity("src and dst have one size, at most d_head, inside d_model, and do not overlap",
+                         lambda d, h, s, t: s.stop - s.start == t.stop - t.start <= h and max(s.stop, t.stop) <= d
+                         and (s.stop <= t.start or t.stop <= s.start))
+    return run_check(fn, cases, handbuilt.copy_ov, compare=_compare_copy, name="copy_ov", generate=_blocks,
+                     identities=[same_size])
 
 
 def _blocks(draw: Draw):

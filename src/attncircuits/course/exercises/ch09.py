@@ -15,7 +15,7 @@ from attncircuits.analysis import losses
 from attncircuits.analysis.circuits.copying import eigen_copying_score
 from attncircuits.analysis.circuits.factored import full_ov_circuit
 from attncircuits.course.exercises import _draws
-from attncircuits.course.exercises._core import Case, Diagnosis, Draw, guarded, random_model, run_check, shipped
+from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, random_model, run_check, shipped
 from attncircuits.models.interop import (
     from_transformer_lens,
     induction_stripe_scores,
@@ -69,6 +69,8 @@ def check_induction_stripe_scores(fn) -> bool:
         atol=1e-6,
         rtol=1e-5,
         generate=_stripe_case,
+        identities=[Identity("a causal pattern over pos = 2 seq_len + 1 positions",
+                             lambda p, L: p.shape[-1] == 2 * L + 1 and _draws.causal_rows(p))],
     )
 
 
