@@ -130,7 +130,7 @@ def describe(args: tuple, names: list[str], note: str = "") -> str:
             if x.numel() <= 6:
                 return repr([round(v, 4) if isinstance(v, float) else v for v in x.flatten().tolist()]) + (
                     f" (shape {list(x.shape)})" if x.ndim != 1 else "")
-            return f"[{', '.join(map(str, x.shape))}]"
+            return f"a {' x '.join(map(str, x.shape))} tensor"
         cfg = getattr(x, "cfg", None)
         if cfg is not None and all(hasattr(cfg, k) for k in ("n_layers", "n_heads", "d_head", "d_vocab", "n_ctx")):
             heads = f"{cfg.n_heads} head{'s' * (cfg.n_heads != 1)} of {cfg.d_head}"
