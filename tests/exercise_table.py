@@ -165,7 +165,8 @@ wrong(C, "no mask", lambda q, k: _pat(q, k, mask=False), "causal mask is missing
 wrong(C, "softmax over queries", lambda q, k: _pat(q, k, dim=-2), "query axis", "named")
 wrong(C, "all zeros", zeros("attention_pattern"), "all zeros")
 wrong(C, "NaN in the masked entries", with_nan("attention_pattern", "upper"), "above the diagonal")
-wrong(C, "scores, not softmaxed", lambda q, k: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), "later keys", "named")
+wrong(C, "scores, not softmaxed", lambda q, k: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), "softmax over the keys",
+      "named")
 right(C, "torch.where and exp / sum", lambda q, k: (lambda s: s.exp() / s.exp().sum(-1, keepdim=True))(
     torch.where(_causal(q.shape[1]), q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -torch.inf)))
 right(C, "in float64", in_float64("attention_pattern"))
@@ -251,9 +252,9 @@ wrong(C, "negated", negated("bigram_kl"), "wrong sign")
 wrong(C, "in bits", times("bigram_kl", 1 / math.log(2)), "ln 2")
 wrong(C, "sum over tokens", lambda lp, c: float(torch.where(c > 0, (c / c.sum(-1, keepdim=True).clamp(min=1)) * (
     (c / c.sum(-1, keepdim=True).clamp(min=1)).clamp(min=1e-300).log() - lp), 0.0).sum()), "summed", "named")
-right(C, "xlogy and a 0-d tensor", lambda lp, c: (lambda p, w: ((torch.special.xlogy(p, p) - torch.where(
+right(C, "xlogy", lambda lp, c: float((lambda p, w: ((torch.special.xlogy(p, p) - torch.where(
     c > 0, p * lp.double(), 0.0)).sum(-1) * w).sum() / w.sum())(c.double() / c.sum(-1, keepdim=True).clamp(min=1),
-                                                                  c.sum(-1).double()))
+                                                                  c.sum(-1).double())))
 right(C, "in float64 inputs", in_float64("bigram_kl"))
 
 C = "ch02.check_bigram_correlation"
@@ -364,7 +365,8 @@ right(C, "sigmoid", lambda m, h, s, d, o, n: float(torch.sigmoid(
     __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_qk_circuit(m, 0, h).centered(-1).rows([d])[0, s]
     - math.log(n - 1)) * __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1)
     .rows([s])[0, o]))
-right(C, "a 0-d tensor", lambda *a: torch.tensor(solutions()["skip_trigram_score"](*a)))
+wrong(C, "a 0-d tensor (the text asks a float)", lambda *a: torch.tensor(solutions()["skip_trigram_score"](*a)), "0-d tensor", "named")
+right(C, "a numpy float64", lambda *a: __import__("numpy").float64(solutions()["skip_trigram_score"](*a)))
 
 C = "ch04.check_top_skip_trigrams"
 wrong(C, "columns swapped", lambda *a: solutions()["top_skip_trigrams_of_head"](*a)[:, [1, 0, 2]], "columns", "named")
@@ -395,7 +397,8 @@ wrong(C, "another head", other_arg("copying_score", 1, _other_head), "answer for
 wrong(C, "|Σλ| / Σ|λ|", lambda m, h: (lambda e: float(e.sum().abs() / e.abs().sum()))(
     __import__("attncircuits.analysis.circuits", fromlist=["x"]).full_ov_circuit(m, 0, h).centered(-1).eigenvalues()),
     "absolute", "named")
-right(C, "a 0-d tensor", lambda m, h: torch.tensor(solutions()["copying_score"](m, h)))
+wrong(C, "a 0-d tensor (the text asks a float)", lambda m, h: torch.tensor(solutions()["copying_score"](m, h)), "0-d tensor", "named")
+right(C, "a numpy float64", lambda m, h: __import__("numpy").float64(solutions()["copying_score"](m, h)))
 right(C, "in float64", in_float64("copying_score"))
 
 # ---- chapter 5 -------------------------------------------------------------------------------------
@@ -474,7 +477,8 @@ wrong(C, "zero", lambda *a: 0.0, "got 0")
 wrong(C, "NaN", lambda *a: float("nan"), "nan")
 wrong(C, "negated", negated("first_order_loss"), "wrong sign")
 wrong(C, "in bits", times("first_order_loss", 1 / math.log(2)), "ln 2")
-right(C, "a 0-d tensor", lambda m, t: torch.tensor(solutions()["first_order_loss"](m, t)))
+wrong(C, "a 0-d tensor (the text asks a float)", lambda m, t: torch.tensor(solutions()["first_order_loss"](m, t)), "0-d tensor", "named")
+right(C, "a numpy float64", lambda m, t: __import__("numpy").float64(solutions()["first_order_loss"](m, t)))
 right(C, "in float64", in_float64("first_order_loss"))
 
 # ---- chapter 6 -------------------------------------------------------------------------------------
@@ -530,7 +534,8 @@ wrong(C, "NaN", lambda *a: float("nan"), "nan")
 wrong(C, "the clean loss", lambda m, t, h, mode: __import__("attncircuits").loss_fn(m(t), t).item(), "no ablation",
       "named")
 wrong(C, "another head", other_arg("ablated_loss", 2, lambda h, a: (h[0], (h[1] + 1) % 4)), "answer for", "named")
-right(C, "a 0-d tensor", lambda *a: torch.tensor(solutions()["ablated_loss"](*a)))
+wrong(C, "a 0-d tensor (the text asks a float)", lambda *a: torch.tensor(solutions()["ablated_loss"](*a)), "0-d tensor", "named")
+right(C, "a numpy float64", lambda *a: __import__("numpy").float64(solutions()["ablated_loss"](*a)))
 right(C, "in float64", in_float64("ablated_loss"))
 
 C = "ch06.check_qk_score_terms"
@@ -554,7 +559,8 @@ wrong(C, "zero", lambda *a: 0.0, "got 0")
 wrong(C, "NaN", lambda *a: float("nan"), "nan")
 wrong(C, "percent", times("copying_accuracy", 100.0), "100")
 wrong(C, "first head only", lambda m, hs: solutions()["copying_accuracy"](m, hs[:1]), "first", "named")
-right(C, "a 0-d tensor", lambda *a: torch.tensor(solutions()["copying_accuracy"](*a)))
+wrong(C, "a 0-d tensor (the text asks a float)", lambda *a: torch.tensor(solutions()["copying_accuracy"](*a)), "0-d tensor", "named")
+right(C, "a numpy float64", lambda *a: __import__("numpy").float64(solutions()["copying_accuracy"](*a)))
 right(C, "in float64", in_float64("copying_accuracy"))
 
 # ---- chapter 7 -------------------------------------------------------------------------------------

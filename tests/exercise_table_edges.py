@@ -13,10 +13,13 @@ import math
 import numpy as np
 import torch
 
+import exercise_table_early_edges
+
 
 def add(wrong, right, sol) -> None:
     """Append the rows (``wrong(check, label, fn, words, cls, avoid=...)``, ``right(...)``)."""
     _chapter_10(wrong, right, sol)
+    exercise_table_early_edges.add(wrong, right, sol)
     _in_place(wrong, sol)
     _types(wrong, sol)
 

@@ -47,7 +47,9 @@ def test_every_identity_holds_on_every_case(capsys):
     for row in reference_rows():
         assert outcome(row)[0] == "ok", row.check
     stated = [(name, cases, ids) for name, (cases, ids) in _core.CASES_RUN.items() if ids]
-    assert {name for name, _, _ in stated} >= {"ch10.check_frozen_ln"}
+    assert {name for name, _, _ in stated} >= {
+        "ch10.check_frozen_ln", "ch06.check_previous_token_score", "ch06.check_prefix_matching_score",
+        "ch07.check_copy_losses", "ch07.check_smear_scores", "ch08.check_copy_ov", "ch09.check_induction_stripe_scores"}
     assert {r.check for r in reference_rows()} <= set(_core.CASES_RUN), "a check's cases were not recorded"
     for name, cases, ids in stated:
         for case in cases:
@@ -83,3 +85,14 @@ def test_a_changed_input_a_wrong_type_and_an_identity_are_the_machinerys():
                     generate=lambda d: (d.randn(d.int(1, 4)),), identities=[Identity("finite", lambda x: True)])
     cases_run = _core.CASES_RUN["test_exercise_contract.test_a_changed_input_a_wrong_type_and_an_identity_are_the_machinerys"]
     assert gen is True and len(cases_run[0]) == 1 + _core.N_GENERATED
+
+
+def test_the_stated_identities_can_fail():
+    from attncircuits.course.exercises import _draws
+
+    uniform = torch.full((1, 1, 3, 3), 1 / 3)  # attends to later keys
+    causal = torch.ones(3, 3).tril() / torch.arange(1, 4)[:, None]
+    assert not _draws.causal_rows(uniform) and _draws.causal_rows(causal[None, None])
+    tokens = torch.tensor([[0, 5, 6, 5, 6]])
+    assert _draws.copies(tokens, 2) and not _draws.copies(tokens, 3)
+    assert not _draws.copies(torch.tensor([[0, 5, 6, 5, 7]]), 2)

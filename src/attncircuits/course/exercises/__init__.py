@@ -27,7 +27,7 @@ Declaring a check (chapters 11 and later get the same contract without doing any
                          identities=[Identity("components sum to resid", holds)])
 
 ``generate(draw)`` returns the arguments (or a ``Case`` whose label is a note on the case), the
-text's edges first (``draw.edge(n)``). ``run_check`` itself gives every check the time limit, the
+text's edges first (``draw.edge(n)``; :mod:`._draws` has small models, tokens and patterns). ``run_check`` itself gives every check the time limit, the
 torch-state guard, the in-place check of every input and the return type; ``tests/`` asserts each
 ``identities`` on every case, and that every ``check_*`` of every ``chNN`` module keeps them.
 """

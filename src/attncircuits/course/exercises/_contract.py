@@ -130,12 +130,19 @@ def describe(args: tuple, names: list[str], note: str = "") -> str:
             if x.numel() <= 6:
                 return repr([round(v, 4) if isinstance(v, float) else v for v in x.flatten().tolist()]) + (
                     f" (shape {list(x.shape)})" if x.ndim != 1 else "")
-            return f"[{', '.join(map(str, x.shape))}]"
+            return f"a {' x '.join(map(str, x.shape))} tensor"
+        cfg = getattr(x, "cfg", None)
+        if cfg is not None and all(hasattr(cfg, k) for k in ("n_layers", "n_heads", "d_head", "d_vocab", "n_ctx")):
+            heads = f"{cfg.n_heads} head{'s' * (cfg.n_heads != 1)} of {cfg.d_head}"
+            return (f"a {cfg.n_layers}-layer model ({heads}, d_model {cfg.d_model}, d_vocab {cfg.d_vocab}, "
+                    f"n_ctx {cfg.n_ctx})")
+        if isinstance(x, slice):
+            return f"slice({x.start}, {x.stop})"
         if isinstance(x, (list, tuple)) and len(x) <= 12:
             return repr(type(x)(round(v, 4) if isinstance(v, float) else v for v in x))
         if isinstance(x, (list, tuple)):
             return f"a {type(x).__name__} of {len(x)}"
-        return repr(x) if isinstance(x, (int, float, str)) else type(x).__name__
+        return repr(x) if isinstance(x, (int, float, str)) or dataclasses.is_dataclass(x) else type(x).__name__
 
     parts = ", ".join(f"{n}={one(a)}" for n, a in zip(names, args))
     return parts + (f"; {note}" if note else "")

@@ -58,7 +58,9 @@ Writing a check:
   reference's output (or recomputes from ``case.args``) into what that mistake produces, and
   ``message`` is printed when the learner's output matches it. Return ``None`` from ``wrong``
   when the mistake does not apply to a case. A diagnosis that equals the right answer on a case
-  (e.g. a mask that changes nothing) is skipped there.
+  (e.g. a mask that changes nothing) is skipped there. A property (``applies``) names a mistake
+  only when it holds on every case the learner's output gets wrong, so make it a verified fact
+  about the output (``g @ W_U`` is the answer), not a guess (the last axis has d_model entries).
 - ``canonical`` maps an output to what is compared, after the type and shape checks: e.g. the
   product of two factors (factors are unique only up to an invertible matrix between them), or a
   sorted list.
@@ -69,7 +71,10 @@ Writing a check:
   name and the index, run after the fixed cases; ``draw.edge(n)`` walks through ``n`` edges the
   text allows first (the extreme at the last position, values of 0, ``None`` first, a variance
   near zero, one element, the largest shape). A failure on one shows the case's inputs (values
-  when small, else shapes) with what the function got and what was expected.
+  when small, else shapes; a model by its sizes) with what the function got and what was
+  expected. The cases are drawn once a session and the reference's output on each is kept.
+  :mod:`._draws` has the draws several chapters share (small models, tokens, causal patterns);
+  a ``Case`` returned by ``generate`` may carry ``others`` and ``expected``.
 - ``returns`` (``float`` or ``int``): the type the text asks; ``outputs``: names of a tuple's
   items for messages; ``identities``: :class:`Identity` facts the text states about the inputs.
 - ``compare(got, expected, case)`` replaces the numeric comparison for outputs that are not
@@ -244,12 +249,27 @@ def run_check(
                                           N_GENERATED if n_generated is None else n_generated, identities))
 
 
+_GENERATED: dict[tuple, list[Case]] = {}  # (check, n, argument names) -> its generated cases, drawn once a session
+_EXPECTED: dict[int, tuple[Any, float]] = {}  # id of a generated case -> the reference's output and its seconds
+
+
 def _generated(name: str, generate, n: int, names: list[str]) -> list[Case]:
+    """The check's generated cases: drawn once a session (they are seeded, and every call gets
+    copies of their inputs), so a check run again costs only the calls."""
+    key = (name, n, tuple(names))
+    if key not in _GENERATED:
+        _GENERATED[key] = _draw_cases(name, generate, n, names)
+    return _GENERATED[key]
+
+
+def _draw_cases(name: str, generate, n: int, names: list[str]) -> list[Case]:
     out = []
     for i in range(n):
         made = generate(Draw(name, i))
-        args, note = (made.args, made.label) if isinstance(made, Case) else (tuple(made), "")
-        out.append(Case(f"generated case {i + 1} ({describe(args, names, note)})", args, kind="generated"))
+        if not isinstance(made, Case):
+            made = Case("", tuple(made))
+        out.append(Case(f"generated case {i + 1} ({describe(made.args, names, made.label)})", made.args,
+                        made.kwargs, kind="generated", expected=made.expected, others=made.others))
     return out
 
 
@@ -271,10 +291,16 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
             if expected is None:
                 if reference is None:
                     raise ValueError(f"case {case.label!r} has no expected value and the check has no reference")
-                t = time.perf_counter()
-                with torch.no_grad():
-                    expected = reference(*case.args, **case.kwargs)
-                limit = min(limit, max(MIN_CALL_LIMIT, CALL_FACTOR * (time.perf_counter() - t)))
+                if id(case) in _EXPECTED:  # a generated case: the reference ran on it before
+                    expected, seconds = _EXPECTED[id(case)]
+                else:
+                    t = time.perf_counter()
+                    with torch.no_grad():
+                        expected = reference(*case.args, **case.kwargs)
+                    seconds = time.perf_counter() - t
+                    if case.kind == "generated":
+                        _EXPECTED[id(case)] = (expected, seconds)
+                limit = min(limit, max(MIN_CALL_LIMIT, CALL_FACTOR * seconds))
             limit = max(0.05, min(limit, deadline - time.perf_counter()))
             try:
                 got = _call(fn, case, limit, s["slow_hint"], s["method"],

@@ -37,19 +37,41 @@ def _dims(case: Case) -> dict[str, int]:
 
 def _fits(diagnosis: Diagnosis, case: Case, expected, got, canonical, atol, rtol) -> bool:
     """Whether the learner's output on ``case`` is what ``diagnosis``'s mistake gives there (True
-    when the diagnosis says nothing about that case)."""
+    when the diagnosis says nothing about that case). A property (``applies``) must hold on every
+    case where the output is wrong: a property that holds on one case only is no diagnosis."""
+    if diagnosis.applies is not None:
+        try:
+            with torch.no_grad():
+                g = canonical(got) if canonical else got
+                e = canonical(expected) if canonical else expected
+                if _close(g, e, atol, rtol):
+                    return True  # right here: nothing to explain
+                return bool(diagnosis.applies(got, expected, case))
+        except Exception:  # the property cannot be read off this output: not verified
+            return False
     try:
         with torch.no_grad():
-            if diagnosis.applies is not None:
-                return True  # a property of one output; not checked across cases
             wrong = diagnosis.wrong(expected, case)
         if wrong is None:
             return True
         g = canonical(got) if canonical else got
         w = canonical(wrong) if canonical else wrong
-        return _close(g, w, atol, rtol)
+        return _close(_nan_marked(g), _nan_marked(w), atol, rtol)  # the mistake's NaN is the learner's
     except Exception:
         return True
+
+
+_NAN = 1.2345e30  # stands for NaN when a mistake's output is compared with the learner's
+
+
+def _nan_marked(x):
+    if isinstance(x, Tensor) and x.is_floating_point():
+        return torch.nan_to_num(x, nan=_NAN, posinf=float("inf"), neginf=float("-inf"))
+    if isinstance(x, float) and x != x:
+        return _NAN
+    if isinstance(x, (list, tuple)):
+        return type(x)(_nan_marked(v) for v in x)
+    return x
 
 
 def _another(got, case, reference, canonical, atol, rtol) -> str | None:
@@ -81,13 +103,16 @@ def _compare_one(got, expected, case, diagnoses, atol, rtol, canonical, compare,
     got = _numbers_as_list(got, expected)
     try:
         _structure(got, expected, finite=canonical is None)
-    except _Stop:  # a wrong type or shape: a diagnosis that reads the output may still name it
+    except _Stop as stop:  # a wrong type or shape: a property of the output may still name it,
+        found = []  # once it holds on the other cases too
         for diagnosis in diagnoses:
             try:
                 if diagnosis.applies is not None and diagnosis.applies(got, expected, case):
-                    return diagnosis.message, []
+                    found.append(diagnosis)
             except Exception:
                 continue
+        if found:
+            return stop.message, found
         raise
     g = canonical(got) if canonical else got
     e = canonical(expected) if canonical else expected

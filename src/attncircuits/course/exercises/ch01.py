@@ -12,9 +12,11 @@ import math
 import torch
 
 from attncircuits.checkpoints.pretrained import validation_windows
+from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
+    Draw,
     guarded,
     random_model,
     random_tokens,
@@ -52,6 +54,8 @@ def head_variant(resid, W_pos, W_Q, W_K, W_V, W_O, positions=True, pos_in_values
 _PATTERN_MISTAKES = [
     Diagnosis("the scores are not divided by sqrt(d_head)", lambda e, c: _pattern(*c.args, scale=False)),
     Diagnosis("the causal mask is missing: queries see later keys", lambda e, c: _pattern(*c.args, mask=False)),
+    Diagnosis("these are the scores; the pattern is their softmax over the keys, after the causal mask",
+              lambda e, c: c.args[0] @ c.args[1].transpose(-1, -2) / math.sqrt(c.args[0].shape[-1])),
     Diagnosis(
         "queries attend to later keys: the causal mask is missing (set scores above the diagonal to -inf)",
         applies=lambda got, e, c: bool((got.detach().float().triu(1).abs() > 1e-6).any()),
@@ -92,7 +96,25 @@ def check_attention_pattern(attention_pattern) -> bool:
         _pattern_case(rnd, 1, 3, "a random model", "random", random_tokens(64, (2, 10), seed=2)),
         Case("zero queries", (zeros, torch.randn(1, 6, 8)), kind="hand-built", expected=uniform[None]),
     ]
-    return run_check(attention_pattern, cases, diagnoses=_PATTERN_MISTAKES, atol=1e-5)
+    return run_check(attention_pattern, cases, lambda q, k: _pattern(q, k), _PATTERN_MISTAKES, atol=1e-5,
+                     generate=_qk_case)
+
+
+def _qk_case(draw: Draw):
+    """q, k ``[batch, pos, d_head]``; edges: one position, d_head 1, the last query's largest score
+    on the last key, every key equal (ties), batch 1 of the whole shipped context (128 x 32)."""
+    edge = draw.edge(5)
+    b, n, d = ((1, 1, 4), (2, 5, 1), (1, 6, 3), (2, 4, 2), (1, 128, 32))[edge] if edge is not None else (
+        draw.int(1, 2), draw.int(1, 8), draw.int(1, 16))
+    q, k = draw.randn(b, n, d), draw.randn(b, n, d)
+    note = ""
+    if edge == 2:
+        k[:, -1] = 3 * q[:, -1]
+        note = "the last query's largest score is on the last key"
+    elif edge == 3:
+        k[:] = k[:, :1].clone()
+        note = "every key is the same"
+    return Case(note, (q, k))
 
 
 # ---- Exercise 1.2 --------------------------------------------------------------------------------
@@ -120,7 +142,19 @@ def check_head_output(head_output) -> bool:
     mistakes = head_mistakes(head_variant) + [
         Diagnosis("the softmax runs over the query axis, not over keys", lambda e, c: head_variant(*c.args, dim=-2)),
     ]
-    return run_check(head_output, cases, diagnoses=mistakes, atol=1e-4, rtol=1e-3)
+    return run_check(head_output, cases, lambda *a: head_variant(*a), mistakes, atol=1e-4, rtol=1e-3,
+                     generate=_head_weights)
+
+
+def _head_weights(draw: Draw):
+    """resid ``[batch, pos, d_model]``, W_pos ``[n_ctx, d_model]`` and one head's weights; edges:
+    one position, d_head 1, pos equal to n_ctx (every row of W_pos), batch 1 at the shipped sizes."""
+    edge = draw.edge(4)
+    b, n, ctx, dm, dh = ((1, 1, 4, 4, 2), (2, 5, 5, 6, 1), (1, 3, 8, 8, 4), (1, 128, 128, 128, 32))[edge] if (
+        edge is not None) else (draw.int(1, 2), draw.int(1, 8), 8, 2 * draw.int(1, 6), draw.int(1, 8))
+    s = dm**-0.5
+    return (draw.randn(b, n, dm), draw.randn(ctx, dm), draw.randn(dm, dh, scale=s), draw.randn(dm, dh, scale=s),
+            draw.randn(dm, dh, scale=s), draw.randn(dh, dm, scale=s))
 
 
 def head_mistakes(variant) -> list[Diagnosis]:
@@ -184,7 +218,8 @@ def check_model_logits(model_logits) -> bool:
             lambda e, c: _logits_every_layer_reads_embedding(*c.args),
         ),
     ]
-    return run_check(model_logits, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3)
+    return run_check(model_logits, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=_draws.MODEL_CASES,
+                     generate=lambda draw: _draws.model_tokens(draw, n_layers=(0, 3)))
 
 
 # ---- Exercise 1.4 --------------------------------------------------------------------------------
@@ -230,4 +265,16 @@ def check_next_token_loss(next_token_loss) -> bool:
             lambda e, c: _loss_variant(*c.args, log=False),
         ),
     ]
-    return run_check(next_token_loss, cases, lambda lg, t: float(loss_fn(lg, t)), mistakes, atol=1e-4, rtol=1e-4)
+    return run_check(next_token_loss, cases, lambda lg, t: float(loss_fn(lg, t)), mistakes, atol=1e-4, rtol=1e-4,
+                     generate=_logits_case)
+
+
+def _logits_case(draw: Draw):
+    """logits ``[batch, pos, d_vocab]`` and tokens; edges: one target (pos 2), every token the last
+    id, all-zero logits, logits 8 times larger, the shipped sizes (128 positions, 2048 tokens)."""
+    edge = draw.edge(5)
+    b, n, v = ((1, 2, 3), (2, 5, 2), (1, 3, 7), (3, 4, 5), (1, 128, 2048))[edge] if edge is not None else (
+        draw.int(1, 3), draw.int(2, 10), draw.int(2, 20))
+    logits = draw.randn(b, n, v, scale=8.0 if edge == 3 else 2.0) * (edge != 2)
+    tokens = torch.full((b, n), v - 1) if edge == 1 else torch.randint(0, v, (b, n), generator=draw.gen)
+    return logits, tokens

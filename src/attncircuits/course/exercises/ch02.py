@@ -19,9 +19,11 @@ from attncircuits.analysis.circuits.bigrams import (
     weighted_pearson,
 )
 from attncircuits.checkpoints.pretrained import load_validation_tokens
+from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
+    Draw,
     Method,
     guarded,
     random_model,
@@ -58,7 +60,8 @@ def check_bigram_table(bigram_table) -> bool:
             lambda e, c: _product(c).log_softmax(0),
         ),
     ]
-    return run_check(bigram_table, cases, lambda m: bigram_log_probs(m, direct_path=True), mistakes, atol=1e-4)
+    return run_check(bigram_table, cases, lambda m: bigram_log_probs(m, direct_path=True), mistakes, atol=1e-4,
+                     n_generated=_draws.MODEL_CASES, generate=lambda draw: (_draws.model(draw, (0, 2), edge=draw.edge(4)),))
 
 
 # ---- Exercise 2.2 --------------------------------------------------------------------------------
@@ -89,8 +92,22 @@ def check_bigram_counts(bigram_counts) -> bool:
     )
     return run_check(
         bigram_counts, cases, count_bigrams, mistakes, method=loop,
-        slow_hint="count all pairs at once: torch.bincount of a * d_vocab + b",
+        slow_hint="count all pairs at once: torch.bincount of a * d_vocab + b", generate=_stream,
     )
+
+
+_EDGE_STREAMS = (([5], 6), ([2, 2, 2, 2], 3), ([0, 3], 4), ([0, 0, 0], 1), ([1, 0, 1, 0, 1], 2), ([4, 1, 2, 4], 7))
+
+
+def _stream(draw: Draw):
+    """A 1-D stream and d_vocab; edges: one token (no pair), one token repeated, a single pair
+    with the last id, a vocabulary of one, two tokens alternating, ids never seen at the end."""
+    edge = draw.edge(len(_EDGE_STREAMS))
+    if edge is not None:
+        stream, d_vocab = _EDGE_STREAMS[edge]
+        return torch.tensor(stream), d_vocab
+    d_vocab = draw.int(1, 10)
+    return torch.randint(0, d_vocab, (draw.int(1, 40),), generator=draw.gen), d_vocab
 
 
 # ---- Exercises 2.3 and 2.4 -----------------------------------------------------------------------
@@ -132,7 +149,37 @@ def check_bigram_kl(bigram_kl) -> bool:
     ]
     return run_check(
         bigram_kl, _comparison_cases(), lambda lp, c: cross_entropy(lp, c) - conditional_entropy(c), mistakes, atol=1e-5, rtol=1e-4,
+        returns=float, generate=_tables,
     )
+
+
+def _tables(draw: Draw):
+    """A table of log-probabilities and a count table, ``[d_vocab, d_vocab]`` each; edges: one
+    token, a row seen once, counts exactly the table's (a KL of 0), a probability of e^-20 that
+    was counted, every row but one unseen, the last row and column the only counts."""
+    edge = draw.edge(6)
+    d = (1, 3, 2, 4, 5, 4)[edge] if edge is not None else draw.int(1, 8)
+    logits = draw.randn(d, d, scale=2.0)
+    counts = torch.randint(0, 4, (d, d), generator=draw.gen)
+    note = ""
+    if edge == 1:
+        counts[0] = torch.tensor([0, 1, 0])
+        note = "token 0 is followed once"
+    elif edge == 2:
+        counts, logits = torch.tensor([[1, 3], [2, 2]]), torch.tensor([[1, 3], [2, 2]]).float().log()
+        note = "the counts are the table's own probabilities"
+    elif edge == 3:
+        logits[0, 0], counts[0, 0] = -20.0, 1
+        note = "p(0 | 0) is about e^-20 and was counted"
+    elif edge == 4:
+        counts[1:] = 0
+        note = "only token 0 is ever followed"
+    elif edge == 5:
+        counts.zero_()
+        counts[-1, -1] = 5
+    if int(counts.sum()) == 0:
+        counts[draw.rng.randrange(d), draw.rng.randrange(d)] = 1
+    return Case(note, (logits.log_softmax(-1), counts))
 
 
 def _pearson_variant(log_probs, counts, weighted=True, log=True):
@@ -167,4 +214,28 @@ def check_bigram_correlation(bigram_correlation) -> bool:
         atol=1e-5,
         rtol=1e-4,
         returns=float,
+        generate=_correlated_tables,
     )
+
+
+def _correlated_tables(draw: Draw):
+    """A log-probability table and counts with at least two observed bigrams whose log-probabilities
+    differ on both sides (else no correlation is defined); edges: two bigrams in one row, one
+    bigram counted 1000 times among ones, a vocabulary of 2, counts in the last row only."""
+    edge = draw.edge(4)
+    if edge == 0:
+        return torch.tensor([[0.2, 0.8, 0.0], [0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]).log(), torch.tensor(
+            [[1, 3, 0], [0, 0, 0], [0, 0, 0]])
+    d = (5, 2, 4)[edge - 1] if edge is not None else draw.int(2, 8)
+    while True:
+        logits, counts = draw.randn(d, d, scale=2.0), torch.randint(0, 5, (d, d), generator=draw.gen)
+        if edge == 1:
+            counts = counts.clamp(max=1)
+            counts[0, 0] = 1000
+        elif edge == 3:
+            counts[:-1] = 0
+        lp = logits.log_softmax(-1)
+        a, b = counts.nonzero(as_tuple=True)
+        y = (counts[a, b].double() / counts.sum(-1)[a].double()).log()
+        if len(a) >= 2 and float(lp[a, b].std()) > 1e-3 and float(y.std()) > 1e-3:
+            return lp, counts

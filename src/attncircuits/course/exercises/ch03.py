@@ -9,6 +9,7 @@ The references are :func:`~attncircuits.analysis.circuits.path_expansion`,
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,9 +22,11 @@ from attncircuits.analysis.circuits.factored import (
 )
 from attncircuits.analysis.circuits.paths import path_expansion
 from attncircuits.checkpoints.pretrained import validation_windows
+from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
+    Draw,
     guarded,
     other_heads,
     random_model,
@@ -60,7 +63,8 @@ def check_direct_path_logits(direct_path_logits) -> bool:
             lambda e, c: (c.args[0].W_E[c.args[1]] + c.args[0].W_pos[: c.args[1].shape[1]]) @ c.args[0].W_U,
         ),
     ]
-    return run_check(direct_path_logits, _text_cases(), lambda m, t: path_expansion(m, t).direct, mistakes, atol=1e-4)
+    return run_check(direct_path_logits, _text_cases(), lambda m, t: path_expansion(m, t).direct, mistakes, atol=1e-4,
+                     n_generated=_draws.MODEL_CASES, generate=_draws.model_tokens)
 
 
 # ---- Exercise 3.2 --------------------------------------------------------------------------------
@@ -77,7 +81,7 @@ def check_head_logit_term(head_logit_term) -> bool:
     mistakes = head_mistakes(_head_term) + [
         Diagnosis(
             "this is the head's output in the residual stream; multiply by W_U to get logits",
-            applies=lambda g, e, c: g.shape[-1] == c.args[0].cfg.d_model,
+            applies=lambda g, e, c: torch.allclose(g @ c.args[0].W_U, e, atol=1e-4, rtol=1e-3),
         ),
     ]
     text, m1 = validation_windows(2, 24), shipped("attn-only-1l").model
@@ -88,7 +92,8 @@ def check_head_logit_term(head_logit_term) -> bool:
         Case("a random model", rnd, kind="random", others=other_heads(rnd, 2, 4)),
     ]
     return run_check(
-        head_logit_term, cases, lambda m, t, h: path_expansion(m, t).heads[:, :, h], mistakes, atol=1e-4, rtol=1e-3
+        head_logit_term, cases, lambda m, t, h: path_expansion(m, t).heads[:, :, h], mistakes, atol=1e-4, rtol=1e-3,
+        n_generated=_draws.MODEL_CASES, generate=_draws.head_case,
     )
 
 
@@ -118,7 +123,8 @@ def check_logits_from_paths(logits_from_paths) -> bool:
         ),
     ]
     cases = _text_cases() + [Case("another random model", (random_model(1, seed=9, n_heads=2, d_head=16), random_tokens(64, (1, 16), seed=3)), kind="random")]
-    return run_check(logits_from_paths, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3)
+    return run_check(logits_from_paths, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=_draws.MODEL_CASES,
+                     generate=_draws.model_tokens)
 
 
 # ---- Exercises 3.4 and 3.5 -----------------------------------------------------------------------
@@ -134,6 +140,14 @@ def _factor_cases() -> list[Case]:
 def _product(factors):
     A, B = factors
     return A @ B
+
+
+def _model_head(draw: Draw) -> Case:
+    """A one-layer model and a head (the first and the last at the edges; one head of width 1)."""
+    edge = draw.edge(4)
+    m = _draws.model(draw, edge=edge)
+    args = (m, _draws.head(draw, m.cfg.n_heads, edge))
+    return Case("", args, others=other_heads(args, 1, m.cfg.n_heads))
 
 
 @guarded
@@ -158,7 +172,8 @@ def check_ov_circuit_factors(ov_circuit_factors) -> bool:
         ov = full_ov_circuit(model, 0, head)
         return ov.A, ov.B
 
-    return run_check(ov_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3)
+    return run_check(ov_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3,
+                     n_generated=_draws.MODEL_CASES, generate=_model_head)
 
 
 @guarded
@@ -180,7 +195,8 @@ def check_qk_circuit_factors(qk_circuit_factors) -> bool:
         qk = full_qk_circuit(model, 0, head)
         return qk.A, qk.B
 
-    return run_check(qk_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3)
+    return run_check(qk_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3,
+                     n_generated=_draws.MODEL_CASES, generate=_model_head)
 
 
 # ---- Exercise 3.6 --------------------------------------------------------------------------------
@@ -250,4 +266,27 @@ def check_positional_head(positional_head) -> bool:
         Diagnosis("that is the head with the LEAST positional attention", lambda e, c: int(_recent_attention(c.args[0]).argmin())),
         Diagnosis("only the current token (offset 0) was counted; sum offsets 0, 1 and 2", pick(offsets=1)),
     ]
-    return run_check(positional_head, cases, lambda m: int(_recent_attention(m).argmax()), mistakes, returns=int)
+    return run_check(positional_head, cases, lambda m: int(_recent_attention(m).argmax()), mistakes, returns=int,
+                     n_generated=_draws.MODEL_CASES, generate=_positional_case)
+
+
+@functools.lru_cache(maxsize=None)
+def _built_in(n_layers: int, n_heads: int, seed: int):
+    """A random model whose last head of layer 0 attends to the current position (see
+    :func:`_with_positional_head`)."""
+    model = random_model(n_layers=n_layers, seed=seed, d_model=8, n_heads=n_heads, d_head=4, d_vocab=5, n_ctx=12)
+    with torch.no_grad():
+        model.blocks[0].W_Q[-1] = 4 * torch.eye(8)[:, :4]
+        model.blocks[0].W_K[-1] = 4 * torch.eye(8)[:, :4]
+    return model
+
+
+def _positional_case(draw: Draw):
+    """A random model of 1-3 layers (n_ctx 3 or more); edges: one head, the positional head the
+    last of three, three layers, two layers of one head each."""
+    edge = draw.edge(4)
+    if edge == 1:
+        return Case("its last head attends to the current position", (_built_in(1, 3, draw.rng.randrange(100)),))
+    layers = (1, None, 3, 2)[edge] if edge is not None else draw.int(1, 3)
+    m = _draws.model(draw, layers, min_ctx=3, edge=edge)
+    return (m,)

@@ -16,9 +16,11 @@ from attncircuits.analysis.circuits.factored import full_ov_circuit, full_qk_cir
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.analysis.circuits.skip_trigrams import top_skip_trigrams
 from attncircuits.checkpoints.pretrained import frequent_tokens
+from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
+    Draw,
     Method,
     guarded,
     other_heads,
@@ -72,7 +74,21 @@ def check_skip_trigram_score(skip_trigram_score) -> bool:
             lambda e, c: _score(*c.args, swapped=True),
         ),
     ]
-    return run_check(skip_trigram_score, cases, _score, mistakes, atol=1e-4, rtol=1e-3)
+    return run_check(skip_trigram_score, cases, _score, mistakes, atol=1e-4, rtol=1e-3, returns=float,
+                     n_generated=_draws.MODEL_CASES, generate=_triple)
+
+
+def _triple(draw: Draw) -> Case:
+    """A one-layer model, a head and a triple; edges: two keys (n_keys 2), source = dest = output,
+    the first and the last token ids, the last head, a thousand keys."""
+    edge = draw.edge(4)
+    m = _draws.model(draw, edge=edge, min_vocab=3)
+    v = m.cfg.d_vocab
+    s, d, o = ((1, 1, 1), (0, v - 1, v - 1), (v - 1, 0, 0), (2, 1, 0))[edge] if edge is not None else (
+        draw.rng.randrange(v), draw.rng.randrange(v), draw.rng.randrange(v))
+    n_keys = (2, 2, 1000, 7)[edge] if edge is not None else draw.int(2, 64)
+    args = (m, _draws.head(draw, m.cfg.n_heads, edge), s, d, o, n_keys)
+    return Case("", args, others=other_heads(args, 1, m.cfg.n_heads))
 
 
 # ---- Exercise 4.2 --------------------------------------------------------------------------------
@@ -148,7 +164,36 @@ def check_top_skip_trigrams(top_skip_trigrams_of_head) -> bool:
         cases,
         lambda m, h, t, k: top_skip_trigrams(m, 0, k, heads=[h], tokens=t).triples(h),
         compare=_compare_triples,
+        n_generated=_draws.MODEL_CASES,
+        generate=_subset,
     )
+
+
+def _subset(draw: Draw):
+    """A one-layer model (n_ctx 4 or more), a head, distinct tokens and k <= n (the reference keeps
+    at most n); edges: one token (one triple), k = n, the last id first, k = 1. Drawn again until
+    the best k scores are positive and apart from the next (so "best first" has one answer)."""
+    edge = draw.edge(4)
+    while True:
+        m = _draws.model(draw, edge=edge, min_ctx=4, min_vocab=3)
+        v = m.cfg.d_vocab
+        n = (1, 3, min(v, 4), 2)[edge] if edge is not None else draw.int(1, min(v, 6))
+        tokens = torch.randperm(v, generator=draw.gen)[:n]
+        if edge == 2:
+            tokens = torch.cat([torch.tensor([v - 1]), tokens[tokens != v - 1]])[:n]
+        k = (1, n, n, 1)[edge] if edge is not None else draw.int(1, n)
+        head = _draws.head(draw, m.cfg.n_heads, edge)
+        if _clear_top(m, head, tokens, k):
+            return m, head, tokens, k
+
+
+def _clear_top(model, head, tokens, k) -> bool:
+    n_keys = max(2, model.cfg.n_ctx // 2)
+    qk = full_qk_circuit(model, 0, head).centered(-1).restrict(tokens, tokens).dense()
+    ov = full_ov_circuit(model, 0, head).centered(-1).restrict(tokens, tokens).dense()
+    score = ((qk.exp() / (qk.exp() + n_keys - 1)).T[:, :, None] * ov[:, None, :]).flatten().sort(descending=True).values
+    gaps = score[: k + 1].diff().abs() if len(score) > k else score[:k].diff().abs()
+    return bool(score[k - 1] > 1e-3) and bool((gaps > 1e-4 * score[0]).all())
 
 
 # ---- Exercise 4.3 --------------------------------------------------------------------------------
@@ -165,13 +210,21 @@ def _compare_eigenvalues(got, expected, case) -> str | None:
         )
     if len(got) != len(expected):
         return f"got {len(got)} eigenvalues, expected {len(expected)} (one per column of A)"
+    missing = _unmatched(got, expected)
+    if missing is None:
+        return None
     if not got.is_complex():
         svals = torch.linalg.svdvals(B.double() @ A.double())
         if torch.allclose(got.double().sort().values, svals.sort().values, rtol=1e-3, atol=1e-5):
             return "these are singular values, not eigenvalues: use torch.linalg.eigvals"
         if expected.imag.abs().max() > 1e-4:
             return "these are real numbers; the eigenvalues of a non-symmetric matrix are complex: use torch.linalg.eigvals"
-    g, e = got.to(torch.complex128), expected.to(torch.complex128)
+    return missing
+
+
+def _unmatched(got, expected) -> str | None:
+    """None when each expected eigenvalue has its own of the learner's nearby, else what is missing."""
+    g, e = got.detach().to(torch.complex128), expected.to(torch.complex128)
     if not bool(torch.isfinite(g).all()):
         n = int((~torch.isfinite(g)).sum())
         return f"{n} of your {len(g)} eigenvalues are NaN or infinite (first at index {int((~torch.isfinite(g)).nonzero()[0])})"
@@ -210,7 +263,33 @@ def check_nonzero_eigenvalues(nonzero_eigenvalues) -> bool:
             max_numel=1_000_000,
         ),
         slow_hint="the eigenvalues of the d_vocab x d_vocab product take long: use the small k x k product B @ A",
+        generate=_factors,
     )
+
+
+def _factors(draw: Draw):
+    """``A [m, k]``, ``B [k, m]`` with ``k < m``; edges: k = 1, m = k + 1, a repeated eigenvalue
+    (B @ A = 2 I), a zero eigenvalue, a pair of complex ones (a rotation), tiny values."""
+    edge = draw.edge(6)
+    m, k = ((2, 1), (5, 4), (6, 3), (7, 3), (4, 2), (9, 4))[edge] if edge is not None else (
+        draw.int(2, 40), None)
+    k = k if k is not None else draw.int(1, m - 1)
+    A, B = draw.randn(m, k), draw.randn(k, m)
+    note = ""
+    if edge == 2:
+        B = 2 * torch.linalg.pinv(A)
+        note = "B @ A = 2 I"
+    elif edge == 3:
+        B[-1] = B[0]
+        A[:, -1] = A[:, 0]
+        note = "B @ A is singular"
+    elif edge == 4:
+        A, B = torch.eye(m, k), torch.cat([torch.tensor([[0.0, -1.0], [1.0, 0.0]]), torch.zeros(2, m - 2)], 1)
+        note = "the eigenvalues are i and -i"
+    elif edge == 5:
+        A, B = A * 1e-3, B * 1e-3
+        note = "entries about 1e-3"
+    return Case(note, (A, B))
 
 
 # ---- Exercise 4.4 --------------------------------------------------------------------------------
@@ -267,4 +346,16 @@ def check_copying_score(copying_score) -> bool:
         mistakes,
         atol=1e-4,
         rtol=1e-3,
+        returns=float,
+        n_generated=_draws.MODEL_CASES,
+        generate=_model_head,
     )
+
+
+def _model_head(draw: Draw) -> Case:
+    """A one-layer model (3 tokens or more) and a head; edges: one head of width 1 (one
+    eigenvalue), the last head."""
+    edge = draw.edge(4)
+    m = _draws.model(draw, edge=edge, min_vocab=3)
+    args = (m, _draws.head(draw, m.cfg.n_heads, edge))
+    return Case("", args, others=other_heads(args, 1, m.cfg.n_heads))

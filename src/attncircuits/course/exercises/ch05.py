@@ -9,6 +9,7 @@ in place of the K one, a virtual head read in the wrong order, the virtual terms
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -17,9 +18,11 @@ from torch import Tensor
 from attncircuits.analysis import circuits
 from attncircuits.analysis.circuits.composition import random_composition_scores
 from attncircuits.checkpoints.pretrained import validation_windows
+from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
+    Draw,
     guarded,
     other_heads,
     random_model,
@@ -94,7 +97,30 @@ def check_composition_score(fn) -> bool:
         atol=1e-5,
         rtol=1e-3,
         returns=float,
+        generate=_matrices,
     )
+
+
+def _matrices(draw: Draw):
+    """Two ``[d_model, d_model]`` matrices; edges: d_model 1, a product of 0 (orthogonal ranges),
+    a matrix with itself, entries about 1e-3, rank 1, the shipped d_model (128)."""
+    edge = draw.edge(6)
+    d = (1, 4, 5, 6, 3, 128)[edge] if edge is not None else draw.int(1, 16)
+    first, second = draw.randn(d, d), draw.randn(d, d)
+    note = ""
+    if edge == 1:
+        first, second = torch.zeros(d, d), torch.zeros(d, d)
+        first[0, 0], second[1, 1] = 2.0, 3.0
+        note = "first @ second = 0"
+    elif edge == 2:
+        second = first.clone()
+    elif edge == 3:
+        first, second = first * 1e-3, second * 1e-3
+        note = "entries about 1e-3"
+    elif edge == 4:
+        first = draw.randn(d, 1) @ draw.randn(1, d)
+        note = "first has rank 1"
+    return Case(note, (first, second))
 
 
 # ---- 5.2 K-composition between two heads ---------------------------------------------------------
@@ -138,7 +164,20 @@ def check_k_composition_score(fn) -> bool:
         atol=1e-5,
         rtol=1e-3,
         returns=float,
+        n_generated=_draws.MODEL_CASES,
+        generate=_writer_reader,
     )
+
+
+def _writer_reader(draw: Draw, label: str = "reader 1.{}", vary: int = 2) -> Case:
+    """A two-layer model (the chapter's: a learner may unpack ``b0, b1 = model.blocks``), a layer-0
+    writer and a layer-1 reader; edges: one head of width 1, the first and the last heads."""
+    edge = draw.edge(4)
+    m = _draws.model(draw, 2, edge=edge)
+    h = m.cfg.n_heads
+    w, r = (_draws.head(draw, h, edge), _draws.head(draw, h, None if edge is None else edge + 1))
+    args = (m, w, r)
+    return Case("", args, others=other_heads(args, vary, h, label))
 
 
 # ---- 5.3 the random baseline ---------------------------------------------------------------------
@@ -211,8 +250,23 @@ def check_random_composition_scores(fn) -> bool:
         Case("d_model=64, d_head=16, 200 samples", (64, 16, 200, 2), kind="random"),
     ]
     for c in cases:  # the reference with more samples, so its mean is a fixed target
-        c.expected = random_composition_scores(c.args[0], c.args[1], 1000, seed=99)
-    return run_check(fn, cases, compare=_compare_baseline, name="random_composition_scores")
+        c.expected = _target(c.args[0], c.args[1])
+    return run_check(fn, cases, lambda d_model, d_head, n, seed=0: _target(d_model, d_head), compare=_compare_baseline,
+                     name="random_composition_scores", n_generated=3, generate=_baseline_sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def _target(d_model: int, d_head: int) -> Tensor:
+    return random_composition_scores(d_model, d_head, 1000, seed=99)
+
+
+def _baseline_sizes(draw: Draw):
+    """(d_model, d_head, n_samples, seed) at the edges: d_head 1, d_head = d_model (full rank), the
+    seed 0 left to its default."""
+    edge = draw.edge(3)
+    d_model, d_head, n = ((16, 1, 300), (8, 8, 300), (24, 6, 300))[edge] if edge is not None else (
+        16, draw.int(1, 16), 300)
+    return (d_model, d_head, n) if edge == 2 else (d_model, d_head, n, draw.int(0, 100))
 
 
 # ---- 5.4 a virtual head's OV circuit -------------------------------------------------------------
@@ -249,6 +303,8 @@ def check_virtual_ov(fn) -> bool:
         name="virtual_ov",
         atol=1e-3,
         rtol=1e-3,
+        n_generated=_draws.MODEL_CASES,
+        generate=lambda draw: _writer_reader(draw, "writer 0.{}", 1),
     )
 
 
@@ -287,4 +343,7 @@ def check_first_order_loss(fn) -> bool:
         name="first_order_loss",
         atol=1e-4,
         rtol=1e-4,
+        returns=float,
+        n_generated=8,
+        generate=lambda draw: _draws.model_tokens(draw, 2, min_pos=2),
     )

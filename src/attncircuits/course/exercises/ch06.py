@@ -9,6 +9,7 @@ chapter's later cells call them, never the learner's versions.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,7 +22,10 @@ from attncircuits.analysis.losses import mean_ablation
 from attncircuits.analysis.attribution import qk_score_terms
 from attncircuits.analysis.scores import induction_heads
 from attncircuits.checkpoints.pretrained import validation_windows
-from attncircuits.course.exercises._core import Case, Diagnosis, guarded, other_heads, random_model, run_check, shipped
+from attncircuits.course.exercises import _draws
+from attncircuits.course.exercises._core import (
+    Case, Diagnosis, Draw, Identity, guarded, other_heads, random_model, run_check, shipped,
+)
 from attncircuits.models import handbuilt
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.transformer import Transformer
@@ -84,6 +88,8 @@ def check_previous_token_score(fn) -> bool:
                       lambda e, c: _prev(c.args[0]).mean().expand_as(e)),
         ],
         name="previous_token_score",
+        generate=_draws.pattern_case,
+        identities=[Identity("a causal pattern: each query's attention sums to 1", _draws.causal_rows)],
     )
 
 
@@ -92,6 +98,18 @@ def _prefix(pattern, tokens, seq_len):
     target = scores.prefix_match_targets(tokens).to(pattern.dtype)
     mass = einsum(pattern, target, "b h q k, b q k -> b h q")
     return mass[:, :, 1 + seq_len :].mean((0, 2))
+
+
+def _by_position(pattern, tokens, seq_len, nearest=False):
+    """Attention on key q - j * seq_len + 1 for each earlier copy j (``nearest``: j = 1 only):
+    the targets found by position, which miss a token that comes twice in one copy."""
+    n = tokens.shape[1]
+    target = torch.zeros(n, n)
+    for q in range(1 + seq_len, n):
+        for j in range(1, 2 if nearest else q // seq_len + 1):
+            if q - j * seq_len + 1 >= 1:
+                target[q, q - j * seq_len + 1] = 1.0
+    return einsum(pattern, target.to(pattern.dtype), "b h q k, q k -> b h q")[:, :, 1 + seq_len :].mean((0, 2))
 
 
 def _duplicate(pattern, tokens, seq_len):
@@ -118,11 +136,19 @@ def check_prefix_matching_score(fn) -> bool:
         [
             Diagnosis("you scored attention to the earlier copy of the token itself; the target is the token after it",
                       lambda e, c: _duplicate(*c.args)),
+            Diagnosis("only the token after the nearest earlier copy counted; count the one after every earlier "
+                      "copy: each key whose previous token is the query's token", lambda e, c: _by_position(*c.args, nearest=True)),
+            Diagnosis("the keys were found by position; the text asks for keys whose previous token equals the "
+                      "query's token, which also finds a token that comes twice in one copy",
+                      lambda e, c: _by_position(*c.args)),
             Diagnosis("you averaged over the first copy too: only queries in later copies (from 1 + seq_len) count",
                       lambda e, c: einsum(c.args[0], scores.prefix_match_targets(c.args[1]).to(e.dtype),
                                           "b h q k, b q k -> b h q").mean((0, 2))),
         ],
         name="prefix_matching_score",
+        generate=_draws.repeats,
+        identities=[Identity("a causal pattern: each query's attention sums to 1", _draws.causal_rows),
+                    Identity("tokens are [EOT] then copies of seq_len tokens", lambda p, t, L: _draws.copies(t, L))],
     )
 
 
@@ -195,7 +221,22 @@ def check_find_induction_heads(fn) -> bool:
         Case("attn-only-2l with an empty layer inserted (its induction heads in layer 2)",
              (_deeper(shipped("attn-only-2l").model),), kind="hand-built"),
     ]
-    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads")
+    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads",
+                     n_generated=2, generate=_more_models)
+
+
+@functools.lru_cache(maxsize=None)
+def _smaller_induction(deeper: bool) -> Transformer:
+    model = handbuilt.induction_model(handbuilt.Layout(d_vocab=64, n_pos_pairs=12))
+    return _deeper(model) if deeper else model
+
+
+def _more_models(draw: Draw):
+    """A smaller hand-built induction model with an empty layer 1 (its induction head in layer 2);
+    a random three-layer model of one head per layer."""
+    if draw.i == 0:
+        return Case("a 64-token hand-built induction model, its induction head in layer 2", (_smaller_induction(True),))
+    return (random_model(n_layers=3, seed=draw.i, n_heads=1, d_head=8, d_model=16, d_vocab=64, n_ctx=128),)
 
 
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
@@ -256,6 +297,9 @@ def check_ablated_loss(fn) -> bool:
         ],
         name="ablated_loss",
         atol=1e-3,
+        returns=float,
+        n_generated=8,
+        generate=_draws.ablation_case,
     )
 
 
@@ -291,6 +335,8 @@ def check_qk_score_terms(fn) -> bool:
         canonical=_causal,
         atol=1e-3,
         rtol=1e-3,
+        n_generated=8,
+        generate=lambda draw: _draws.head_case(draw, 2, "head 1.{}"),
     )
 
 
@@ -331,4 +377,8 @@ def check_copying_accuracy(fn) -> bool:
         ],
         name="copying_accuracy",
         atol=1e-6,
+        returns=float,
+        n_generated=_draws.MODEL_CASES,
+        generate=_draws.head_sets,
     )
+

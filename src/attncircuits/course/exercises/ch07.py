@@ -13,9 +13,12 @@ import torch
 from attncircuits.analysis import losses
 from attncircuits.analysis.attribution import logit_attribution
 from attncircuits.checkpoints.pretrained import validation_windows
+from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
+    Draw,
+    Identity,
     guarded,
     random_model,
     random_tokens,
@@ -64,7 +67,18 @@ def check_icl_score(fn) -> bool:
         ],
         name="icl_score",
         returns=float,
+        generate=_nll,
     )
+
+
+def _nll(draw: Draw):
+    """nll ``[batch, pos - 1]`` and two token indices in ``1 .. pos - 1``; edges: late the last
+    token and early the first, one target, late = early, one row, a loss of 0 everywhere."""
+    edge = draw.edge(5)
+    b, n = ((2, 6), (1, 1), (3, 4), (1, 5), (2, 3))[edge] if edge is not None else (draw.int(1, 4), draw.int(1, 30))
+    nll = draw.rand(b, n, hi=5.0) * (edge != 4)
+    late, early = ((n, 1), (1, 1), (2, 2), (n, 2), (n, 1))[edge] if edge is not None else (draw.int(1, n), draw.int(1, n))
+    return nll, late, early
 
 
 # ---- 7.2 loss per copy ----------------------------------------------------------------------------
@@ -100,7 +114,17 @@ def check_copy_losses(fn) -> bool:
         ],
         name="copy_losses",
         atol=1e-5,
+        generate=_copies,
+        identities=[Identity("loss has seq_len * n_repeats entries", lambda loss, L, n: loss.shape == (L * n,))],
     )
+
+
+def _copies(draw: Draw):
+    """loss ``[seq_len * n_repeats]``, seq_len (2 or more: a copy keeps one target besides its
+    first) and n_repeats; edges: one copy, two tokens a copy, losses of 0, eight copies."""
+    edge = draw.edge(4)
+    L, n = ((5, 1), (2, 3), (3, 2), (4, 8))[edge] if edge is not None else (draw.int(2, 10), draw.int(1, 5))
+    return draw.rand(L * n, hi=4.0) * (edge != 2), L, n
 
 
 # ---- 7.3 smeared keys -----------------------------------------------------------------------------
@@ -163,7 +187,23 @@ def check_smear_scores(fn) -> bool:
         ],
         name="smear_scores",
         atol=1e-4,
+        generate=_scores,
+        identities=[Identity("the entries above the diagonal are -inf, weights in [0, 1]", lambda s, w: bool(
+            (s.triu(1) == float("-inf"))[..., ~torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool).tril()].all())
+            and bool(((w >= 0) & (w <= 1)).all()))],
     )
+
+
+def _scores(draw: Draw):
+    """Scores ``[batch, head, q, k]`` with -inf above the diagonal and a weight per head in [0, 1];
+    edges: one position (key 0 is its own previous key), weights 0 and 1, one head, equal scores."""
+    edge = draw.edge(4)
+    b, h, n = ((1, 2, 1), (2, 2, 4), (1, 1, 5), (1, 3, 3))[edge] if edge is not None else (
+        draw.int(1, 2), draw.int(1, 4), draw.int(1, 8))
+    scores = draw.randn(b, h, n, n, scale=3.0) * (edge != 3)
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    weight = torch.tensor([0.0, 1.0])[:h] if edge == 1 else draw.rand(h)
+    return scores, weight
 
 
 # ---- 7.4 per-head direct logit attribution --------------------------------------------------------
@@ -195,4 +235,6 @@ def check_logit_attribution(fn) -> bool:
         name="logit_attribution",
         atol=1e-3,
         rtol=1e-4,
+        n_generated=_draws.MODEL_CASES,
+        generate=lambda draw: _draws.model_tokens(draw, (0, 3), min_pos=2),
     )

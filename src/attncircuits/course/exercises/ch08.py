@@ -14,7 +14,7 @@ from torch import Tensor
 from attncircuits.analysis import losses, scores
 from attncircuits.analysis.circuits import mean_attention_by_offset
 from attncircuits.analysis.attribution import two_back_accuracy
-from attncircuits.course.exercises._core import Case, guarded, random_tokens, run_check
+from attncircuits.course.exercises._core import Case, Draw, Identity, guarded, random_tokens, run_check
 from attncircuits.models import handbuilt
 from attncircuits.models.handbuilt import Layout
 
@@ -121,7 +121,20 @@ def check_previous_token_qk(fn) -> bool:
                           ("a layout with 64 tokens and 12 sinusoid pairs", Layout(d_vocab=64, n_pos_pairs=12))):
         W_pos = handbuilt.empty_model(layout, 1).W_pos
         cases.append(Case(label, (W_pos, layout.n_pos_pairs, layout.d_head), kind="hand-built", expected=layout))
-    return run_check(fn, cases, compare=_compare_prev, name="previous_token_qk")
+    return run_check(fn, cases, handbuilt.previous_token_qk, compare=_compare_prev, name="previous_token_qk", n_generated=len(_PREV_LAYOUTS),
+                     generate=_prev_layout)
+
+
+# smaller layouts (the names of the arguments come from the package's own functions): one sinusoid
+# pair over 2 positions, 2 pairs over 8, 4 over 16, 8 over 32
+_PREV_LAYOUTS = (Layout(d_vocab=2, n_pos_pairs=1, n_ctx=2), Layout(d_vocab=4, n_pos_pairs=2, n_ctx=8),
+                 Layout(d_vocab=8, n_pos_pairs=4, n_ctx=16), Layout(d_vocab=16, n_pos_pairs=8, n_ctx=32))
+
+
+def _prev_layout(draw: Draw) -> Case:
+    layout = _PREV_LAYOUTS[draw.i % len(_PREV_LAYOUTS)]
+    W_pos = handbuilt.empty_model(layout, 1).W_pos
+    return Case(repr(layout), (W_pos, layout.n_pos_pairs, layout.d_head), expected=layout)
 
 
 # ---- 8.2 a head that copies one block into another ------------------------------------------------
@@ -159,7 +172,28 @@ def check_copy_ov(fn) -> bool:
         Case("prev -> out", (layout.d_model, layout.d_head, layout.block("prev"), layout.block("out")), kind="hand-built"),
         Case("a small stream: dims 2-5 -> 8-11", (12, 4, slice(2, 6), slice(8, 12)), kind="hand-built"),
     ]
-    return run_check(fn, cases, handbuilt.copy_ov, compare=_compare_copy, name="copy_ov")
+    same_size = Identity("src and dst have one size, at most d_head, inside d_model, and do not overlap",
+                         lambda d, h, s, t: s.stop - s.start == t.stop - t.start <= h and max(s.stop, t.stop) <= d
+                         and (s.stop <= t.start or t.stop <= s.start))
+    return run_check(fn, cases, handbuilt.copy_ov, compare=_compare_copy, name="copy_ov", generate=_blocks,
+                     identities=[same_size])
+
+
+def _blocks(draw: Draw):
+    """(d_model, d_head, src, dst) with two slices of one size, at most d_head, that do not
+    overlap; edges: one dimension, the size d_head, dst before src, the last dimensions of the
+    stream, the two blocks side by side filling it."""
+    edge = draw.edge(5)
+    if edge is not None:
+        return ((3, 1, slice(0, 1), slice(2, 3)), (10, 4, slice(1, 5), slice(6, 10)), (9, 3, slice(5, 8), slice(0, 3)),
+                (12, 2, slice(4, 6), slice(10, 12)), (6, 5, slice(0, 3), slice(3, 6)))[edge]
+    d_head = draw.int(1, 6)
+    size = draw.int(1, d_head)
+    d_model = 2 * size + draw.int(0, 6)
+    a = draw.int(0, d_model - 2 * size)
+    b = draw.int(a + size, d_model - size)
+    src, dst = (slice(a, a + size), slice(b, b + size))
+    return (d_model, d_head, src, dst) if draw.rng.random() < 0.5 else (d_model, d_head, dst, src)
 
 
 # ---- 8.3 the virtual head that looks two tokens back ----------------------------------------------
@@ -197,7 +231,8 @@ def check_two_back_model(fn) -> bool:
         Case("the chapter's layout", (Layout(),), kind="hand-built", expected=1.0),
         Case("a layout with 64 tokens and 12 pairs", (Layout(d_vocab=64, n_pos_pairs=12),), kind="hand-built", expected=1.0),
     ]
-    return run_check(fn, cases, compare=_compare_two_back, name="build_two_back")
+    return run_check(fn, cases, handbuilt.two_back_model, compare=_compare_two_back, name="build_two_back", n_generated=3,
+                     generate=lambda draw: Case("", (_PREV_LAYOUTS[1 + draw.i % 3],), expected=1.0))
 
 
 # ---- 8.4 the induction head's QK circuit (K-composition) ------------------------------------------
@@ -224,6 +259,9 @@ def _compare_induction(got, expected, case) -> str | None:
     for name, W in (("W_Q", pair[0]), ("W_K", pair[1])):
         if float(W.abs().max()) == 0:
             return f"{name} is all zeros: every score is 0 and the head attends uniformly"
+    if pm >= PREFIX_TARGET:
+        return (f"prefix-matching score {pm:.2f}, but the loss on the second copy ({loss.second:.2f}) is not below "
+                f"half the first copy's ({loss.first:.2f}): the head finds the right keys but does not copy enough")
     if pm_with(-pair[0]) >= PREFIX_TARGET:
         return (f"prefix-matching score {pm:.2f}: the sign is flipped (-W_Q would work), so the head "
                 "avoids the token after an earlier copy instead of seeking it")
@@ -252,4 +290,6 @@ def check_induction_qk(fn) -> bool:
     cases = [Case("the chapter's layout", (Layout(),), kind="hand-built", expected=PREFIX_TARGET),
              Case("a layout with 64 tokens and 12 sinusoid pairs", (Layout(d_vocab=64, n_pos_pairs=12),),
                   kind="hand-built", expected=PREFIX_TARGET)]
-    return run_check(fn, cases, compare=_compare_induction, name="induction_qk")
+    more = (Layout(d_vocab=26, n_pos_pairs=16, n_ctx=101), Layout(d_vocab=64, n_pos_pairs=2, n_ctx=128))
+    return run_check(fn, cases, handbuilt.induction_qk, compare=_compare_induction, name="induction_qk", n_generated=len(more),
+                     generate=lambda draw: Case("", (more[draw.i % len(more)],), expected=PREFIX_TARGET))

@@ -14,7 +14,8 @@ import torch
 from attncircuits.analysis import losses
 from attncircuits.analysis.circuits.copying import eigen_copying_score
 from attncircuits.analysis.circuits.factored import full_ov_circuit
-from attncircuits.course.exercises._core import Case, Diagnosis, guarded, random_model, run_check, shipped
+from attncircuits.course.exercises import _draws
+from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, random_model, run_check, shipped
 from attncircuits.models.interop import (
     from_transformer_lens,
     induction_stripe_scores,
@@ -67,7 +68,28 @@ def check_induction_stripe_scores(fn) -> bool:
         ],
         atol=1e-6,
         rtol=1e-5,
+        generate=_stripe_case,
+        identities=[Identity("a causal pattern over pos = 2 seq_len + 1 positions",
+                             lambda p, L: p.shape[-1] == 2 * L + 1 and _draws.causal_rows(p))],
     )
+
+
+def _stripe_case(draw: Draw):
+    """A pattern on ``[EOT]`` + two copies of L tokens and L; edges: L = 1, attention exactly on the
+    stripe (each later query on the token after its earlier copy), uniform rows, batch and head 1,
+    every query on the first token."""
+    edge = draw.edge(5)
+    L, b, h = ((1, 2, 2), (4, 1, 3), (3, 2, 1), (5, 1, 1), (2, 2, 2))[edge] if edge is not None else (
+        draw.int(1, 8), draw.int(1, 2), draw.int(1, 4))
+    n = 2 * L + 1
+    kind = {2: 3, 4: 1}.get(edge)
+    pattern = _draws.causal_pattern(draw, b, h, n, kind)
+    if edge == 1:
+        keys = torch.arange(n)
+        keys[L + 1:] -= L - 1
+        pattern = torch.nn.functional.one_hot(keys, n).float().expand(b, h, n, n).clone()
+        return Case("each later query attends to the token after its earlier copy", (pattern, L))
+    return pattern, L
 
 
 def _zero_ablated_loss(tl_model, tokens, layer: int, head: int, where: str = "head") -> torch.Tensor:
@@ -88,6 +110,32 @@ def _zero_ablated_loss(tl_model, tokens, layer: int, head: int, where: str = "he
 def _tl(which: str):
     model = shipped("attn-only-2l").model if which == "shipped" else random_model(n_layers=2, seed=7, n_ctx=64)
     return to_transformer_lens(model)
+
+
+@functools.lru_cache(maxsize=None)
+def _small_tl(n_layers: int, n_heads: int, d_head: int, seed: int):
+    return to_transformer_lens(random_model(n_layers=n_layers, seed=seed, d_model=8, n_heads=n_heads, d_head=d_head,
+                                            d_vocab=11, n_ctx=10))
+
+
+def _small_tl_case(draw: Draw, edge: int | None):
+    """A small model in TransformerLens; edges: one head of width 1, three layers of three heads."""
+    n_layers, n_heads, d_head = ((1, 1, 1), (3, 3, 2), (2, 2, 4), (1, 2, 3))[edge] if edge is not None else (
+        draw.int(1, 2), draw.int(1, 3), draw.int(1, 4))
+    return _small_tl(n_layers, n_heads, d_head, draw.rng.randrange(3))
+
+
+def _hooked_case(draw: Draw) -> Case:
+    """A small model in TransformerLens, tokens (pos 2 or more), a layer and a head; edges: head
+    0.0, the last head of the last layer, one row of two tokens."""
+    edge = draw.edge(4)
+    tl = _small_tl_case(draw, edge)
+    L, H = tl.cfg.n_layers, tl.cfg.n_heads
+    b, n = ((1, 2), (2, 10), (1, 5), (2, 3))[edge] if edge is not None else (draw.int(1, 2), draw.int(2, 10))
+    layer, head = ((0, 0), (L - 1, H - 1))[edge % 2] if edge is not None else (draw.rng.randrange(L), draw.rng.randrange(H))
+    args = (tl, torch.randint(0, 11, (b, n), generator=draw.gen), layer, head)
+    return Case("", args, others=lambda: [(f"head {l}.{h}", (tl, args[1], l, h)) for l in range(L) for h in range(H)
+                                          if (l, h) != (layer, head)])
 
 
 @guarded
@@ -119,10 +167,13 @@ def check_zero_ablated_loss(fn) -> bool:
                       "name 'blocks.{layer}.attn.hook_z')",
                       lambda e, c: c.args[0](c.args[1], return_type="loss", loss_per_token=True)),
             Diagnosis("that is the mean loss; return the loss of each next token (loss_per_token=True)",
-                      applies=lambda g, e, c: isinstance(g, (float, torch.Tensor)) and torch.as_tensor(g).numel() == 1),
+                      applies=lambda g, e, c: isinstance(g, (float, torch.Tensor)) and torch.as_tensor(g).numel() == 1
+                      and abs(float(g) - float(e.mean())) <= 1e-4 * (1 + abs(float(e.mean())))),
         ],
         atol=1e-4,
         rtol=1e-4,
+        n_generated=4,
+        generate=_hooked_case,
     )
 
 
@@ -155,4 +206,6 @@ def check_ov_copying_scores(fn) -> bool:
         canonical=lambda x: x.float() if isinstance(x, torch.Tensor) else x,
         atol=1e-4,
         rtol=1e-3,
+        n_generated=4,
+        generate=lambda draw: (_small_tl_case(draw, draw.edge(4)),),
     )
