@@ -28,10 +28,10 @@ import torch
 
 import exercise_table_edges
 
+from attncircuits.course.exercises.make_learner import chapters
+
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["01_attention_only_transformer", "02_zero_layer", "03_one_layer_circuits", "04_skip_trigrams",
-            "05_two_layer_composition", "06_induction_heads", "07_why_two_layers", "08_build_circuits_by_hand",
-            "09_transformer_lens", "10_deeper_model"]
+CHAPTERS = [path.stem for path in chapters(ROOT)]  # the one chapter list: _toc.yml's
 
 
 @functools.lru_cache(maxsize=None)
