@@ -36,6 +36,8 @@ def test_in_a_plain_training_loop_around_a_transformer_lens_model(capsys):
     assert model.training  # put back as it was
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("step      0, prefix-match") and len(out) >= 3
+    with pytest.raises(ValueError, match="unknown detectors"):
+        HeadWatch(model, detectors=("induction",))
     assert "no phase change" in watch.report() or "phase change at step" in watch.report()
 
 

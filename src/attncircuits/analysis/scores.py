@@ -330,7 +330,8 @@ def head_scores(
     if text_tokens is None:
         names = tuple(n for n in names if not DETECTORS[n].needs_text)
     probe = Probe(text_tokens, seq_len, n_repeats, seed)
-    return HeadScores(**{n: DETECTORS[n].fn(model, probe).cpu() for n in names})
+    with torch.no_grad():  # a detector added by hand need not say so
+        return HeadScores(**{n: DETECTORS[n].fn(model, probe).cpu() for n in names})
 
 
 def induction_heads(model, threshold: float = 0.3) -> list[Head]:

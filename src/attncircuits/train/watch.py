@@ -9,10 +9,10 @@ Works in any training loop, the course's or your own plain PyTorch or Transforme
         watch(step)
     print(watch.report())
 
-Every ``every`` steps it scores the heads on random tokens repeated (prefix matching, duplicate
-token) and, given ``text``, on real text (previous token), from the detector registry
+Every ``every`` steps it scores the heads on random tokens repeated (prefix matching) and, given
+``text``, on real text (previous token), or with any other detectors of the registry
 (:data:`attncircuits.analysis.scores.DETECTORS`); keeps one row per step in ``rows``; shows them
-(a table and a figure updated in place in a notebook, one plain line per step in a terminal); and
+(the last rows, updated in place in a notebook; one plain line per step in a terminal); and
 reports the phase change once: the first step at which a head's prefix-matching score reaches
 ``threshold``, the heads that did, and the previous-token heads they compose with (their
 K-composition, as chapter 5 reads it). The model is put back in the mode it was in.
@@ -60,6 +60,9 @@ class HeadWatch:
     seq_len: int | None = None  # random tokens per copy; None: the longest that fits 4 copies, at most 25
     n_repeats: int = 4
     threshold: float = 0.4
+    # what is scored: prefix matching always (the phase change is read from it), previous-token when
+    # ``text`` is given; any other registry entry may be added (each costs a forward pass)
+    detectors: tuple[str, ...] = ("previous_token", "prefix_matching")
     display: str = "auto"  # "notebook", "terminal", "none", or "auto" (notebook when one is running)
     rows: list[dict] = field(default_factory=list)
     phase_change: PhaseChange | None = None
@@ -82,6 +85,10 @@ class HeadWatch:
         self.threshold = validate.number(self.threshold, "threshold", 0, above=True)
         if self.display not in ("auto", "notebook", "terminal", "none"):
             raise ValueError(f"display={self.display!r}; use 'auto', 'notebook', 'terminal' or 'none'")
+        unknown = [d for d in self.detectors if d not in DETECTORS]
+        if unknown:
+            raise ValueError(f"unknown detectors {unknown}; the registry has {', '.join(DETECTORS)}")
+        self.detectors = tuple(dict.fromkeys(("prefix_matching", *self.detectors)))
         if self.display == "auto":
             self.display = "notebook" if "ipykernel" in sys.modules else "terminal"
         self._handle = None
@@ -98,8 +105,7 @@ class HeadWatch:
         self.model.eval()
         try:
             probe = Probe(self.text, self.seq_len, self.n_repeats, seed=0)
-            names = [n for n in ("previous_token", "prefix_matching", "duplicate_token")
-                     if self.text is not None or not DETECTORS[n].needs_text]
+            names = [n for n in self.detectors if self.text is not None or not DETECTORS[n].needs_text]
             row = {"step": int(step), **{n: DETECTORS[n].fn(self.model, probe).cpu() for n in names}}
         finally:
             self.model.train(was_training)
@@ -125,7 +131,7 @@ class HeadWatch:
 
     def _line(self, row: dict) -> str:
         parts = [f"step {row['step']:>6,}"]
-        for name in ("previous_token", "prefix_matching", "duplicate_token"):
+        for name in self.detectors:
             if name in row:
                 s = row[name]
                 best = divmod(int(s.argmax()), s.shape[1])
