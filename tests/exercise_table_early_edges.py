@@ -61,6 +61,8 @@ def _edges(wrong, right, sol) -> None:
     wrong("ch01.check_model_logits", "the chapter's four heads written in", _heads4_logits, "generated")
     wrong("ch02.check_bigram_counts", "d_vocab read from tokens.max() + 1", _counts_from_max, "expected [2048")
     wrong("ch02.check_bigram_kl", "p_table clamped at 1e-8 before the log", _kl_clamped, "generated")
+    wrong("ch03.check_direct_path_logits", "squeeze() on the tokens: a batch of one loses its axis", lambda m, t: (
+        m.W_E[t.squeeze()] @ m.W_U), "shape")
     wrong("ch04.check_top_skip_trigrams", "squeeze() drops the k axis when k is 1", lambda *a: sol(
         "top_skip_trigrams_of_head")(*a).squeeze(), "shape")
     wrong("ch04.check_nonzero_eigenvalues", "squeeze() leaves a 0-d tensor when k is 1", lambda A, B: torch.linalg.eigvals(
