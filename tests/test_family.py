@@ -230,3 +230,18 @@ def test_a_measure_written_for_one_kind_of_member_says_so(trained):
         logit_attribution(model, toks)
     with pytest.raises(ValueError, match="LayerNorm"):
         require(trained["ln-mlp-3l"][0], "the path expansion", no_layernorm=True)
+
+
+def test_circuits_read_from_the_weights_refuse_a_member_they_are_not_written_for(trained):
+    from attncircuits.analysis.circuits.factored import full_ov_circuit, positional_qk_circuit
+    from attncircuits.analysis.circuits.paths import attention_patterns_from_weights
+
+    rotary, ln = trained["rotary-2l"][0], trained["ln-mlp-3l"][0]
+    assert full_ov_circuit(rotary, 0, 0).A.shape[0] == TINY["d_vocab"]  # OV circuits need no positions
+    with pytest.raises(ValueError, match="positions='sinusoidal-qk'.*this model has positions='rotary'") as err:
+        positional_qk_circuit(rotary, 0, 0)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="attention-only models"):
+        full_ov_circuit(ln, 0, 0)
+    with pytest.raises(ValueError, match="positions="):
+        attention_patterns_from_weights(rotary, repeated_rows(1, 8, 2, TINY["d_vocab"], 0))

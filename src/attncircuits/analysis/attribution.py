@@ -20,10 +20,8 @@ from torch import Tensor
 from attncircuits.analysis.circuits.paths import next_token_contributions
 from attncircuits.core import validate
 from attncircuits.core.heads import head_name
-from attncircuits.models.interface import require
+from attncircuits.models.interface import PATH_EXPANSION, require
 from attncircuits.models.transformer import Transformer
-
-PATH_EXPANSION = dict(positions=("sinusoidal-qk",), attn_only=True, no_layernorm=True)
 
 
 

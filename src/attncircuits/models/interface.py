@@ -28,6 +28,10 @@ from __future__ import annotations
 from attncircuits.models.config import POSITIONS
 
 
+#: what the exact path expansion of chapters 2-8 is written for (the paper's object)
+PATH_EXPANSION = dict(positions=("sinusoidal-qk",), attn_only=True, no_layernorm=True)
+
+
 def features(model) -> dict:
     """Which member of the family ``model`` is: ``positions``, ``d_mlp``, ``layernorm``, ``n_layers``."""
     try:

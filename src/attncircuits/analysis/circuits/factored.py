@@ -24,7 +24,10 @@ from torch import Tensor
 
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
+from attncircuits.models.interface import require
 from attncircuits.models.transformer import Transformer
+
+QK_POSITIONS = ("sinusoidal-qk",)  # the position parts below read W_pos in the queries and keys
 
 __all__ = [
     "QKParts",
@@ -45,6 +48,7 @@ __all__ = [
 def _checked(model: Transformer, layer: int, head: int | None) -> tuple[int, slice | int]:
     """The layer and head (``None``: every head, a slice) of a public call, checked once."""
     validate.depth(model, "heads")
+    require(model, "a circuit read from the weights", attn_only=True, no_layernorm=True)
     layer = validate.layer(model, layer)
     return layer, slice(None) if head is None else validate.head(model, head)
 
@@ -85,6 +89,7 @@ def full_qk_circuit(model: Transformer, layer: int, head: int | None = None) -> 
 def positional_qk_circuit(model: Transformer, layer: int, head: int | None = None) -> FactoredMatrix:
     """``W_pos W_Q^h (W_pos W_K^h)^T / sqrt(d_head)``: the position-position part of the score,
     ``[n_ctx (query position), n_ctx (key position)]``; it makes previous- and current-token heads."""
+    require(model, "the position-position QK circuit", positions=QK_POSITIONS)
     return qk_factors(model, *_checked(model, layer, head), model.W_pos, model.W_pos)
 
 
@@ -117,6 +122,7 @@ class QKParts:
 def qk_circuit_parts(model: Transformer, layer: int, head: int | None = None) -> QKParts:
     """All four parts of the QK circuit (positions enter only the queries and keys)."""
     layer, h = _checked(model, layer, head)
+    require(model, "the QK circuit's position parts", positions=QK_POSITIONS)
     E, P = model.W_E, model.W_pos
     return QKParts(
         token_token=qk_factors(model, layer, h, E, E),
@@ -148,6 +154,7 @@ def positional_attention(model: Transformer, layer: int, n_pos: int | None = Non
     """The pattern each head would have from positions alone: the causal softmax of its
     position-position scores (token parts left out), ``[n_heads, n_pos, n_pos]``."""
     layer, h = _checked(model, layer, None)
+    require(model, "attention from positions alone", positions=QK_POSITIONS)
     n_pos = validate.count(model.cfg.n_ctx if n_pos is None else n_pos, "n_pos", 1, model.cfg.n_ctx, why="the model's n_ctx")
     scores = qk_factors(model, layer, h, model.W_pos, model.W_pos).restrict(range(n_pos), range(n_pos)).dense()
     mask = torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool))

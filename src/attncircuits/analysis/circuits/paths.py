@@ -28,6 +28,7 @@ from torch import Tensor
 
 from attncircuits.core import validate
 from attncircuits.core.heads import head_name
+from attncircuits.models.interface import PATH_EXPANSION, require
 from attncircuits.models.transformer import Transformer
 
 NO_LAYERS = "attention patterns: its logits are the direct path alone"
@@ -99,6 +100,7 @@ def attention_patterns_from_weights(
     ``(W_E[t_q] + W_pos[q]) W_Q ((W_E[t_k] + W_pos[k]) W_K)^T / sqrt(d_head)``, i.e. of the sum of
     the four QK parts (token-token, token-position, position-token, position-position)."""
     validate.depth(model, NO_LAYERS)
+    require(model, "patterns computed from the weights", **PATH_EXPANSION)
     return _patterns_from_weights(model, validate.tokens(model, tokens))
 
 
