@@ -327,8 +327,12 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
                 if not candidates:
                     break
         if failed is None:
-            kinds = ", ".join(f"{sum(c.kind == k for c in passed)} {k}" for k in dict.fromkeys(c.kind for c in passed))
-            return report(name, True, f"correct on {len(passed)} case{'s' * (len(passed) != 1)}: {kinds}")
+            counts = {k: sum(c.kind == k for c in passed) for k in dict.fromkeys(c.kind for c in passed)}
+            kinds = ", ".join(f"{n} {k}" for k, n in counts.items())
+            message = f"correct on {len(passed)} case{'s' * (len(passed) != 1)}: {kinds}"
+            if len(f"✓ {name}: {message}") > WIDTH:  # one line: the generated cases counted apart from the rest
+                message = f"correct on {len(passed)} cases, {counts.get('generated', 0)} of them generated"
+            return report(name, True, message)
         case, problem, candidates = failed
         for diagnosis in candidates:
             if all(_fits(diagnosis, c, e, g, s["canonical"], s["atol"], s["rtol"]) for c, e, g in seen if c is not case):
