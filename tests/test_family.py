@@ -245,3 +245,22 @@ def test_circuits_read_from_the_weights_refuse_a_member_they_are_not_written_for
         full_ov_circuit(ln, 0, 0)
     with pytest.raises(ValueError, match="positions="):
         attention_patterns_from_weights(rotary, repeated_rows(1, 8, 2, TINY["d_vocab"], 0))
+
+
+def test_folding_with_positions_in_queries_and_keys_after_layernorm_keeps_the_values():
+    """There the folded gain scales the positions' part of the queries and keys (as in
+    TransformerLens), but what a head reads and writes (its values, its OV circuit) stays exact."""
+    torch.manual_seed(0)
+    model = ModelConfig(n_layers=2, d_mlp=32, layernorm=True, **{**TINY, "d_vocab": V}).build()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".w"):
+                p.copy_(1 + 0.5 * torch.rand_like(p))
+    toks = repeated_rows(2, 10, 2, V, 0)
+    _, real = model.run_with_cache(toks)
+    fm = model.folded()
+    _, folded = fm.run_with_cache(toks, patterns={(l, h): real.pattern[l][:, h] for l in range(2) for h in range(4)})
+    for layer in range(2):
+        torch.testing.assert_close(folded.v[layer], real.v[layer], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(fm(toks, patterns={(l, h): real.pattern[l][:, h] for l in range(2) for h in range(4)}),
+                               model(toks), atol=1e-4, rtol=1e-4)  # with the real patterns, the same logits

@@ -178,8 +178,11 @@ def course_hooked_class():
 
         def folded(self):
             """A copy with LayerNorm folded into the weights that read the residual stream (and the
-            writing weights and unembedding centred), TransformerLens's ``process_weights_``: the
-            same logits, and weight matrices whose products mean what chapter 5's scores assume."""
+            writing weights and unembedding centred), TransformerLens's ``process_weights_``: weight
+            matrices whose products mean what chapter 5's scores assume. With positions added to the
+            queries and keys after the LayerNorm (``shortformer``, as chapter 10's model has) the
+            folded gain scales the positions' part too, so the logits differ; the weight products
+            and the values are exact (see :meth:`attncircuits.models.transformer.Transformer.folded`)."""
             out = copy.deepcopy(self)
             out.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
             return out.eval()
@@ -208,7 +211,10 @@ class TLFeatures:
     layernorm: bool
 
 
-_TL_POSITIONS = {"shortformer": "sinusoidal-qk", "standard": "learned", "rotary": "rotary"}
+#: how each position scheme of the family reads in TransformerLens's config ("none": its "standard"
+#: positions, all zero, which add nothing)
+TL_POSITIONS = {"sinusoidal-qk": "shortformer", "learned": "standard", "rotary": "rotary", "none": "standard"}
+_FROM_TL = {tl: ours for ours, tl in TL_POSITIONS.items() if ours != "none"}
 
 
 def adopt(tl_model) -> "HookedTransformer":
@@ -221,11 +227,11 @@ def adopt(tl_model) -> "HookedTransformer":
     if not isinstance(tl_model, tl.HookedTransformer):
         raise TypeError(f"expected a course model or a TransformerLens HookedTransformer, got {type(tl_model).__name__}")
     c = tl_model.cfg
-    if c.positional_embedding_type not in _TL_POSITIONS:
+    if c.positional_embedding_type not in _FROM_TL:
         raise ValueError(f"positional_embedding_type={c.positional_embedding_type!r} is not a position scheme the course "
-                         f"reads; use one of {', '.join(map(repr, _TL_POSITIONS))}")
+                         f"reads; use one of {', '.join(map(repr, _FROM_TL))}")
     tl_model.__class__ = course_hooked_class()
-    tl_model.course_cfg = TLFeatures(c.n_layers, _TL_POSITIONS[c.positional_embedding_type],
+    tl_model.course_cfg = TLFeatures(c.n_layers, _FROM_TL[c.positional_embedding_type],
                                      0 if c.attn_only else (c.d_mlp or 0), c.normalization_type is not None)
     return tl_model
 

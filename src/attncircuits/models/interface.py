@@ -11,8 +11,8 @@ Analysis code is written against this interface, never against a class. A model 
   :class:`~attncircuits.models.parts.ActivationCache` (``resid``, ``attn_scores``, ``pattern``,
   ``v``, ``z``, ``head_out``, ``mlp_out``);
 - ``to_logits(resid)``: the logits of a final residual stream (through the final LayerNorm);
-- ``folded()``: the same function with LayerNorm folded into the weights that read the stream
-  (the model itself where there is none), whose weight products chapter 5's scores can read;
+- ``folded()``: LayerNorm folded into the weights that read the stream (the model itself where
+  there is none), whose weight products chapter 5's scores can read;
 - the named weights ``W_E``, ``W_pos`` (None where no position table is added), ``W_Q``,
   ``W_K``, ``W_V``, ``W_O`` (stacked ``[layer, head, ...]``), ``W_U``;
 - ``weights()`` / ``load_weights(state)``: what a checkpoint stores.

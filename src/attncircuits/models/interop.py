@@ -31,7 +31,7 @@ from attncircuits.models.transformer import Transformer
 
 # the TransformerLens requirement and its check live with chapter 10's model (hooked.py, a lower
 # layer that loading checkpoints needs); chapter 9 reads them here, in the TransformerLens room
-from attncircuits.models.hooked import TL_REQUIREMENT, require_transformer_lens, transformer_lens_version
+from attncircuits.models.hooked import TL_POSITIONS, TL_REQUIREMENT, require_transformer_lens, transformer_lens_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
@@ -59,11 +59,6 @@ def wrap_tokenizer(tokenizer):
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return tokenizer
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
-
-
-#: how each position scheme of the family reads in TransformerLens's config ("none": its "standard"
-#: positions, all zero, which add nothing)
-TL_POSITIONS = {"sinusoidal-qk": "shortformer", "learned": "standard", "rotary": "rotary", "none": "standard"}
 
 
 def to_transformer_lens(

@@ -299,11 +299,14 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def folded(self) -> "Transformer":
-        """The same function with every LayerNorm's gain folded into the weights that read its
-        output, and the weights that write to the stream centred (their mean over ``d_model`` is what
-        every LayerNorm removes first): the logits are unchanged, and weight products mean what
-        chapter 5's composition scores assume (TransformerLens's ``fold_ln`` and
-        ``center_writing_weights``). A model without LayerNorm is returned as it is."""
+        """Every LayerNorm's gain folded into the weights that read its output, and the weights that
+        write to the stream centred (their mean over ``d_model`` is what every LayerNorm removes
+        first), as TransformerLens's ``fold_ln`` and ``center_writing_weights`` do: weight products
+        then mean what chapter 5's composition scores assume. The logits are unchanged, except where
+        positions are added to the queries and keys after the LayerNorm (``sinusoidal-qk`` with
+        ``layernorm``): the gain folded into ``W_Q`` and ``W_K`` then scales the positions' part too,
+        so only the weight products and the values (composition, copying) are exact there, as in
+        TransformerLens. A model without LayerNorm is returned as it is."""
         if not self.cfg.layernorm:
             return self
         out = copy.deepcopy(self)

@@ -73,11 +73,13 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
     tr, va = streams if streams is not None else live_streams(mcfg.d_vocab)
     partial = out / f"{name}.partial.pt"
     state = torch.load(partial, weights_only=False) if partial.is_file() else None
-    fixed = live_text(mcfg.build(), N_WINDOWS)  # [window, pos]: the same pairs for every member
+    fixed = {}  # [window, pos]: the same pairs for every member, read at the first evaluation
     per_token = list(state["per_token"]) if state else []
 
     def on_eval(step, model, row):
-        nll = losses.per_token_loss(model, fixed).flatten()
+        if not fixed:
+            fixed["tokens"] = live_text(model, N_WINDOWS)
+        nll = losses.per_token_loss(model, fixed["tokens"]).flatten()
         per_token.append(nll.to(torch.float16).numpy())
 
     def save_state(st):

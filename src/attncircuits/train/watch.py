@@ -119,12 +119,14 @@ class HeadWatch:
         pm = row["prefix_matching"]
         heads = sorted(((divmod(i, pm.shape[1]), float(v)) for i, v in enumerate(pm.flatten()) if v >= self.threshold),
                        key=lambda hs: -hs[1])
-        writers = []
+        writers, comps = [], {}
         for (layer, h), _ in heads:
             if layer == 0:
                 continue
-            below = layer - 1 if "previous_token" not in row else int(row["previous_token"][:layer].max(-1).values.argmax())
-            comp = composition_scores(self.model, below, layer, n_baseline=100)
+            if layer not in comps:  # one composition table per reader layer
+                below = layer - 1 if "previous_token" not in row else int(row["previous_token"][:layer].max(-1).values.argmax())
+                comps[layer] = composition_scores(self.model, below, layer, n_baseline=100)
+            comp = comps[layer]
             z = comp.z("k")[:, h]
             writers.append(((layer, h), (comp.writer_layer, int(z.argmax())), float(z.max())))
         return PhaseChange(row["step"], heads, writers)
