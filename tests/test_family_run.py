@@ -16,6 +16,7 @@ STREAMS = tuple(np.random.default_rng(i).integers(0, 256, n).astype(np.uint16) f
 def tiny(monkeypatch):
     monkeypatch.setattr(family, "RECIPE", {"steps": 50, "eval_every": 25, "eval_batches": 1})
     monkeypatch.setattr(family, "N_WINDOWS", 2)
+    monkeypatch.setattr(family, "N_FINAL_WINDOWS", 4)
 
 
 def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsys):
@@ -24,7 +25,8 @@ def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsy
     assert sorted(res) == ["attn-1l", "ln-mlp-1l"]
     for r in res.values():
         assert r["history"]["step"] == [0, 25, 50]
-        assert r["per_token"].shape == (3, 2 * 63)  # every evaluation, every (window, position)
+        assert r["per_token"].shape == (3, 2 * 4)  # every evaluation, every fixed (window, position)
+        assert len(r["history"]["icl"]) == 3 and r["final_icl"]["windows"] == 4
         assert set(r["final_scores"]) >= {"previous_token", "prefix_matching", "duplicate_token", "copying"}
     assert not list(out.glob("*.partial.pt"))
     assert "ln-mlp-1l" in capsys.readouterr().out

@@ -4,17 +4,25 @@ form: ``make family`` (``python -m attncircuits.train.family [--seed N]``).
 The members (:data:`MEMBERS`) are Olsson et al. (2022)'s grid, 1 to 6 layers attention-only and
 with MLPs and LayerNorm, plus the 2-layer attention-only model with each other position scheme of
 the family (learned positions in the residual stream, rotary, none). Every member trains on the
-same tokens, with the same seed and schedule: chapter 7's live recipe (:data:`RECIPE`), whose
-2-layer model forms induction heads in about 450 steps; the budget of 1,500 steps is over three
-times that, so a member that forms none in it has had the time the 2-layer model needed, thrice.
+same tokens, with the same seed and schedule (:data:`RECIPE`): chapter 7's live recipe (256 ids,
+64 positions, three quarters of each batch random tokens repeated) at a rate of 2e-3 instead of
+5e-3, for 2,400 steps. At 5e-3 the 2-layer model forms induction heads by step 400, but the 5- and
+6-layer attention-only members and every member with MLPs formed none in 1,500 steps; at 2e-3 the
+2-layer model needs about 650 steps, the 6-layer one 1,300 and the 2-layer MLP one 1,000 (seed 0).
+2,400 steps is over three times the 2-layer model's 650, so a member that forms none in it has had
+the time the 2-layer model needed, thrice.
 
-Every 25 steps the training loop records the validation loss, the in-context-learning score and
-every head's previous-token and prefix-matching scores; this module adds the per-token loss at one
-fixed set of (window, position) pairs (:data:`N_WINDOWS` windows of validation text, every
-position), for the per-token-loss PCA. At the end every detector of the registry scores every
-head. Each member's results are one JSON file and one ``.npz`` in ``results/family/seed-N/``,
-written when the member finishes; an interrupted run keeps each member's last evaluation in
-``<member>.partial.pt`` and the same command resumes from there (nothing trained is lost).
+Every 25 steps the training loop records the validation loss and every head's previous-token and
+prefix-matching scores; this module adds the loss at one fixed set of (window, position) pairs:
+:data:`N_WINDOWS` windows of validation text, at :data:`POSITIONS_PER_WINDOW` positions each (the
+in-context-learning score's two and two drawn at random), for the per-token-loss PCA and the ICL
+score of every evaluation (with its standard error; on 256 windows about 0.2 nats, but the same
+windows at every step, so a change between steps is measured on the same text). At the end every
+detector of the registry scores every head and the ICL score is measured on
+:data:`N_FINAL_WINDOWS` windows. Each member's results are one JSON file and one ``.npz`` in
+``results/family/seed-N/``, written when the member finishes; an interrupted run keeps each
+member's last evaluation in ``<member>.partial.pt`` and the same command resumes from there
+(nothing trained is lost).
 """
 
 from __future__ import annotations
@@ -38,10 +46,16 @@ from attncircuits.train.loop import TrainingInterrupted, train
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "results" / "family"
-#: chapter 7's live recipe, with a budget over three times the steps its 2-layer model needs
-RECIPE = dict(steps=1500, eval_every=25)
-#: the windows of validation text whose every position's loss is kept for the PCA
-N_WINDOWS = 16
+#: chapter 7's live recipe at a lower rate (see the module), for a budget over three times the
+#: steps its 2-layer model needs
+RECIPE = dict(lr=2e-3, steps=2400, eval_every=25)
+#: the fixed windows of validation text read at every evaluation: the ICL score's two positions and
+#: POSITIONS_PER_WINDOW - 2 more (seeded) of each, whose losses are kept for the PCA
+N_WINDOWS = 256
+POSITIONS_PER_WINDOW = 4
+#: windows of validation text for the in-context-learning score at the end (its standard error
+#: about 0.1 nats)
+N_FINAL_WINDOWS = 1024
 
 MEMBERS: dict[str, dict] = {
     **{f"attn-{n}l": {"n_layers": n} for n in range(1, 7)},
@@ -66,6 +80,29 @@ def recipe_id(seed: int) -> dict:
     return json.loads(json.dumps(rid))  # as it reads back from recipe.json
 
 
+def fixed_positions(n_ctx: int, n_windows: int | None = None, k: int | None = None, seed: int = 0) -> np.ndarray:
+    """``[n_windows, k]`` target positions read in each fixed window: the ICL score's early and late
+    positions (columns 0 and 1), then ``k - 2`` others drawn with ``seed``, distinct in each row."""
+    n_windows = N_WINDOWS if n_windows is None else n_windows
+    k = POSITIONS_PER_WINDOW if k is None else k
+    late, early = losses.icl_positions(n_ctx)
+    rest = np.array([p for p in range(1, n_ctx) if p not in (early, late)])
+    if not 2 <= k <= len(rest) + 2:
+        raise ValueError(f"k={k} positions per window: use 2 <= k <= {len(rest) + 2} for n_ctx={n_ctx}")
+    rng = np.random.default_rng(seed)
+    others = np.stack([rng.choice(rest, k - 2, replace=False) for _ in range(n_windows)]) if k > 2 else np.zeros((n_windows, 0), int)
+    return np.concatenate([np.full((n_windows, 1), early), np.full((n_windows, 1), late), others], 1)
+
+
+def read_fixed(model, tokens: torch.Tensor, positions: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The losses at the fixed (window, position) pairs (flattened, as float16), and the ICL score
+    (late minus early) with its standard error over the windows."""
+    nll = losses.per_token_loss(model, tokens)  # column t predicts the token at position t + 1
+    picked = torch.gather(nll, 1, torch.from_numpy(positions - 1).long())
+    rows = picked[:, 1] - picked[:, 0]
+    return picked.flatten().to(torch.float16).numpy(), rows.mean().item(), (rows.std() / len(rows) ** 0.5).item()
+
+
 def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
     """Train one member (resuming its partial state if there is one) and write its results."""
     torch.set_num_threads(1)
@@ -73,34 +110,49 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
     tr, va = streams if streams is not None else live_streams(mcfg.d_vocab)
     partial = out / f"{name}.partial.pt"
     state = torch.load(partial, weights_only=False) if partial.is_file() else None
-    fixed = {}  # [window, pos]: the same pairs for every member, read at the first evaluation
-    per_token = list(state["per_token"]) if state else []
+    fixed = {}  # the same windows and positions for every member, read at the first evaluation
+    kept = state["kept"] if state else {"per_token": [], "icl": [], "icl_se": []}
+    every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
 
     def on_eval(step, model, row):
         if not fixed:
             fixed["tokens"] = live_text(model, N_WINDOWS)
-        nll = losses.per_token_loss(model, fixed["tokens"]).flatten()
-        per_token.append(nll.to(torch.float16).numpy())
+            fixed["positions"] = fixed_positions(mcfg.n_ctx)
+        nll, icl, se = read_fixed(model, fixed["tokens"], fixed["positions"])
+        for key, val in (("per_token", nll), ("icl", icl), ("icl_se", se)):
+            kept[key].append(val)
+        if step and step % every == 0 or step == cfg.steps:  # one progress line per tenth of the budget
+            print(f"  {name:<16} step {step:>5,} of {cfg.steps:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     def save_state(st):
         tmp = partial.with_suffix(".tmp")
-        torch.save({**st, "per_token": per_token}, tmp)
+        torch.save({**st, "kept": kept}, tmp)
         os.replace(tmp, partial)  # a kill at any moment leaves the last whole state
 
     t0 = time.perf_counter()
     model, history, _ = train(mcfg, cfg, tr, va, device="cpu", progress=False, resume=state,
                               save_state=save_state, callback=on_eval)
     scores = head_scores(model, live_text(model, 32), seq_len=15, n_repeats=4)
+    final = losses.icl_scores_per_row(losses.per_token_loss(model, live_text(model, N_FINAL_WINDOWS)), mcfg.n_ctx)
     result = {
         "member": name, "config": mcfg.to_dict(), "seed": seed, "n_params": model.n_params(),
         "tokens_per_step": cfg.batch_size * mcfg.n_ctx, "wall_s": time.perf_counter() - t0,
-        "history": {k: history[k] for k in ("step", "val_loss", "icl_score", "prev_token", "prefix_matching")},
+        "history": {**{k: history[k] for k in ("step", "val_loss", "prev_token", "prefix_matching")},
+                    "icl": kept["icl"], "icl_se": kept["icl_se"]},
+        "final_icl": {"mean": final.mean().item(), "se": (final.std() / len(final) ** 0.5).item(),
+                      "windows": len(final)},
+        "fixed_windows": N_WINDOWS, "fixed_positions": fixed_positions(mcfg.n_ctx).tolist(),
         "final_scores": {k: v.tolist() for k, v in scores.scores.items()},
     }
-    np.savez_compressed(out / f"{name}.npz", per_token=np.stack(per_token))
+    np.savez_compressed(out / f"{name}.npz", per_token=np.stack(kept["per_token"]))
     durable.write_text(out / f"{name}.json", json.dumps(result) + "\n")
     partial.unlink(missing_ok=True)
     return result
+
+
+def _cost(name: str) -> int:
+    m = MEMBERS[name]
+    return m["n_layers"] * (3 if m.get("d_mlp") else 1)
 
 
 def _worker(args):
@@ -127,6 +179,7 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
     durable.write_text(id_file, json.dumps(rid, indent=1) + "\n")
     asked = list(members or MEMBERS)
     todo = [n for n in asked if not (out / f"{n}.json").is_file()]
+    todo.sort(key=lambda n: -_cost(n))  # the longest first, so the two processes end together
     print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)}", flush=True)
     jobs = [(n, seed, out, streams) for n in todo]
     if processes == 1:  # here, one after the other
@@ -155,11 +208,12 @@ def load(out: Path) -> dict[str, dict]:
 
 
 def table(out: Path) -> str:
-    lines = [f"{'member':<16} {'params':>8} {'val loss':>8} {'ICL':>6} {'best prefix':>11}"]
+    lines = [f"{'member':<16} {'params':>8} {'val loss':>8} {'ICL':>12} {'best prefix':>11}"]
     for name, r in load(out).items():
-        h = r["history"]
+        h, icl = r["history"], r["final_icl"]
         pm = max(max(row) for row in h["prefix_matching"][-1])
-        lines.append(f"{name:<16} {r['n_params']:>8,} {h['val_loss'][-1]:>8.3f} {h['icl_score'][-1]:>+6.2f} {pm:>11.2f}")
+        lines.append(f"{name:<16} {r['n_params']:>8,} {h['val_loss'][-1]:>8.3f} "
+                     f"{icl['mean']:>+6.2f} ± {icl['se']:.2f} {pm:>11.2f}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,147 @@
+"""The phase change read from a training history: when a model's induction heads rise, what the
+in-context-learning score does across it, and the per-token-loss PCA of Olsson et al. (2022).
+
+Everything here reads numbers a training run recorded (``make family`` writes them, chapter 11
+reads them); nothing trains or runs a model.
+
+* :func:`rise` finds the **rise window** of one score trajectory: the first evaluation at which
+  it has covered ``lo`` (20%) of the way from its first value to its highest, and the first at
+  which it has covered ``hi`` (80%). A member has **formed induction heads** when its best head's
+  prefix-matching score reaches :data:`FORMED` (0.5, chapter 7's target); the window of that head
+  is the member's phase change.
+* :func:`icl_across` is the in-context-learning score just before the window and just after it,
+  each the mean of ``n`` evaluations, so one noisy evaluation does not decide it.
+* :func:`loss_pca` stacks every snapshot's per-token losses (one vector per snapshot, the same
+  (window, position) pairs for every member), centres them and projects them on two principal
+  components: one trajectory per member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: the prefix-matching score at which a member has formed induction heads (chapter 7's target)
+FORMED = 0.5
+
+
+@dataclass(frozen=True)
+class Rise:
+    """The rise window of one trajectory: evaluation indices ``start`` <= ``end`` and their steps."""
+
+    start: int
+    end: int
+    start_step: int
+    end_step: int
+    first: float
+    top: float
+
+
+def rise(steps, values, lo: float = 0.2, hi: float = 0.8) -> Rise:
+    """The window in which ``values`` (one per step of ``steps``) climbs from ``lo`` to ``hi`` of
+    the way from its first value to its highest (see the module)."""
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    if steps.ndim != 1 or steps.shape != values.shape or len(steps) < 2:
+        raise ValueError(f"steps and values must be two 1-d sequences of the same length >= 2, got shapes "
+                         f"{steps.shape} and {values.shape}")
+    if not 0 <= lo < hi <= 1:
+        raise ValueError(f"need 0 <= lo < hi <= 1, got lo={lo}, hi={hi}")
+    first, top = float(values[0]), float(values.max())
+    start = int(np.argmax(values >= first + lo * (top - first)))
+    end = int(np.argmax(values >= first + hi * (top - first)))
+    return Rise(start, max(start, end), int(steps[start]), int(steps[max(start, end)]), first, top)
+
+
+@dataclass(frozen=True)
+class PhaseChange:
+    """A member's phase change, read from its history (:func:`phase_change`)."""
+
+    formed: bool
+    head: tuple[int, int]  # the best induction head (highest prefix-matching score at any step)
+    best: float  # its highest score
+    window: Rise | None  # its rise window, None when it never reached FORMED
+
+    def describe(self, tokens_per_step: int) -> str:
+        if not self.formed:
+            return f"none (best prefix matching {self.best:.2f})"
+        w = self.window
+        return (f"steps {w.start_step:,}-{w.end_step:,} "
+                f"({w.start_step * tokens_per_step / 1e6:.2f}-{w.end_step * tokens_per_step / 1e6:.2f} M tokens)")
+
+
+def phase_change(history: dict, threshold: float = FORMED) -> PhaseChange:
+    """The phase change of one member from its ``history`` (``step`` and ``prefix_matching``,
+    ``[evaluation][layer][head]``). Layer 0 is left out: an induction head reads a previous-token
+    head, so it sits in layer 1 or later."""
+    pm = np.asarray(history["prefix_matching"], dtype=float)
+    if pm.ndim != 3 or pm.shape[0] != len(history["step"]):
+        raise ValueError(f"history['prefix_matching'] must be [evaluation, layer, head] with one row per step, "
+                         f"got shape {pm.shape} for {len(history['step'])} steps")
+    if pm.shape[1] < 2:
+        best = float(pm.max())
+        return PhaseChange(False, (0, int(pm.max(0)[0].argmax())), best, None)
+    later = pm[:, 1:, :]
+    flat = int(later.max(0).argmax())
+    head = (1 + flat // pm.shape[2], flat % pm.shape[2])
+    traj = pm[:, head[0], head[1]]
+    best = float(traj.max())
+    formed = best >= threshold
+    return PhaseChange(formed, head, best, rise(history["step"], traj) if formed else None)
+
+
+def icl_across(icl, window: Rise | None, n: int = 4) -> tuple[float, float]:
+    """The ICL score just before the rise window and just after it: the mean of the ``n``
+    evaluations up to its start and of the ``n`` from its end. Without a window (no phase change),
+    the mean of the first ``n`` evaluations after the first and of the last ``n``."""
+    icl = np.asarray(icl, dtype=float)
+    if window is None:
+        return float(icl[1 : 1 + n].mean()), float(icl[-n:].mean())
+    before = icl[max(0, window.start - n + 1) : window.start + 1]
+    return float(before.mean()), float(icl[window.end : window.end + n].mean())
+
+
+@dataclass
+class LossPCA:
+    """Every snapshot of every member projected on two principal components."""
+
+    coords: dict[str, np.ndarray]  # member -> [n_snapshots, 2]
+    explained: np.ndarray  # share of the variance of each component
+
+
+def loss_pca(per_token: dict[str, np.ndarray], n_components: int = 2) -> LossPCA:
+    """The per-token-loss PCA of Olsson et al.: ``per_token[member]`` is ``[n_snapshots, n_pairs]``
+    (the loss at the same (window, position) pairs for every member). All snapshots of all members
+    are stacked, centred and projected on the top ``n_components`` directions of their variance."""
+    if not per_token:
+        raise ValueError("no member's per-token losses to project: run `make family` first")
+    widths = {m: np.asarray(v).shape[1] for m, v in per_token.items()}
+    if len(set(widths.values())) != 1:
+        raise ValueError(f"the members were measured at different (window, position) pairs: {widths}; "
+                         "their results come from different recipes")
+    names = list(per_token)
+    x = np.concatenate([np.asarray(per_token[m], dtype=np.float64) for m in names])
+    x = x - x.mean(0)
+    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    proj = x @ vt[:n_components].T
+    # a component's sign is arbitrary: orient each so the first snapshot of the first member is negative
+    sign = -np.sign(proj[0]) + (proj[0] == 0)
+    proj = proj * sign
+    coords, i = {}, 0
+    for m in names:
+        k = len(per_token[m])
+        coords[m] = proj[i : i + k]
+        i += k
+    return LossPCA(coords, (s[:n_components] ** 2) / (s**2).sum())
+
+
+def pivot_angle(path: np.ndarray, at: int, span: int = 4) -> float:
+    """How sharply a PCA trajectory turns at snapshot ``at``: the angle (degrees) between its mean
+    direction over the ``span`` snapshots before and the ``span`` after. 0 is straight on."""
+    path = np.asarray(path, dtype=float)
+    a = path[at] - path[max(0, at - span)]
+    b = path[min(len(path) - 1, at + span)] - path[at]
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(np.degrees(np.arccos(np.clip(a @ b / (na * nb), -1, 1))))
