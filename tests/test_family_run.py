@@ -70,3 +70,34 @@ def test_an_interrupted_member_resumes_from_its_last_evaluation(tiny, tmp_path, 
 def test_an_unknown_member_is_refused_in_one_line():
     with pytest.raises(ValueError, match="no family member 'attn-9l'; the members are attn-1l"):
         family.member_configs("attn-9l")
+
+
+def test_results_that_are_missing_half_written_foreign_or_corrupt_are_refused_in_one_line(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "seed-0"
+    with pytest.raises(FileNotFoundError, match=r"no family results in .* run `make family SEED=n`"):
+        family.load_results(out)
+    monkeypatch.setattr(family, "MEMBERS", {n: family.MEMBERS[n] for n in ("attn-1l", "attn-2l")})
+    family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)
+    with pytest.raises(FileNotFoundError, match=r"half-written: 1 members not finished \(attn-2l\); run `make family SEED=0` again"):
+        family.load_results(out)
+    family.run(seed=0, processes=1, out=out, streams=STREAMS)
+    assert list(family.load_results(out)) == ["attn-1l", "attn-2l"]
+    (out / "attn-1l.npz").write_bytes(b"not an npz")
+    with pytest.raises(ValueError, match=r"does not read .* delete that member's .json and .npz"):
+        family.load_results(out)
+    monkeypatch.setattr(family, "RECIPE", {"steps": 75, "eval_every": 25, "eval_batches": 1})
+    with pytest.raises(ValueError, match=r"written by another recipe .* `make family SEED=0`"):
+        family.load_results(out)
+    (out / "recipe.json").write_text("{")
+    with pytest.raises(ValueError, match="does not read"):
+        family.load_results(out)
+
+
+def test_the_chapter_reads_the_folder_the_environment_names(monkeypatch, tmp_path):
+    from attncircuits.course import claims
+
+    monkeypatch.delenv(family.RESULTS_ENV, raising=False)
+    assert family.results_dir() == family.RESULTS / "seed-0"
+    monkeypatch.setenv(family.RESULTS_ENV, str(tmp_path))
+    assert family.results_dir() == tmp_path
+    assert claims.models_in_use() == str(tmp_path)  # its claims print instead of failing

@@ -145,3 +145,47 @@ def pivot_angle(path: np.ndarray, at: int, span: int = 4) -> float:
     if na == 0 or nb == 0:
         return 0.0
     return float(np.degrees(np.arccos(np.clip(a @ b / (na * nb), -1, 1))))
+
+
+@dataclass(frozen=True)
+class MemberSummary:
+    """One row of the family table (:func:`summarize`)."""
+
+    member: str
+    n_params: int
+    steps: int  # the budget
+    tokens_per_step: int
+    phase: PhaseChange
+    icl_before: float
+    icl_after: float
+    final_icl: float
+    final_icl_se: float
+    prev_head: tuple[int, int]  # the best previous-token head (on text) at the end
+    prev_score: float
+
+    def row(self) -> str:
+        w = self.phase.window
+        when = (f"{w.start_step:>5,}-{w.end_step:<5,} {w.start_step * self.tokens_per_step / 1e6:>4.2f}M"
+                if self.phase.formed else f"{'none in ' + format(self.steps, ','):<17}")
+        ind = f"{self.phase.head[0]}.{self.phase.head[1]} {self.phase.best:.2f}"
+        prev = f"{self.prev_head[0]}.{self.prev_head[1]} {self.prev_score:.2f}"
+        return (f"{self.member:<16}{self.n_params / 1e3:>5.0f}k {when} {self.icl_before:>+5.2f} "
+                f"{self.icl_after:>+5.2f} {ind:>8} {prev:>8}")
+
+
+#: the header of :meth:`MemberSummary.row` (79 columns)
+TABLE_HEADER = (f"{'member':<16}{'params':>6} {'phase change':<17} {'ICL':>5} {'':>5} {'best':>8} {'best':>8}\n"
+                f"{'':<16}{'':>6} {'steps':<11}{'tokens':>6} {'bef.':>5} {'aft.':>5} "
+                f"{'ind.':>8} {'prev.':>8}")
+
+
+def summarize(name: str, result: dict) -> MemberSummary:
+    """The family-table row of one member's results (as ``make family`` writes them)."""
+    h = result["history"]
+    phase = phase_change(h)
+    before, after = icl_across(h["icl"], phase.window)
+    prev = np.asarray(result["final_scores"]["previous_token"], dtype=float)
+    flat = int(prev.argmax())
+    return MemberSummary(name, result["n_params"], h["step"][-1], result["tokens_per_step"], phase, before, after,
+                         result["final_icl"]["mean"], result["final_icl"]["se"],
+                         (flat // prev.shape[1], flat % prev.shape[1]), float(prev.max()))

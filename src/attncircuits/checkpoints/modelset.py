@@ -66,6 +66,17 @@ def current_dir() -> Path | None:
     return Path(os.path.abspath(os.path.expanduser(value))) if value else None
 
 
+#: a folder of family results (``make family SEED=n``) for chapter 11 to read instead of the committed
+#: seed 0 (see :mod:`attncircuits.train.family`)
+FAMILY_ENV = "ATTNCIRCUITS_FAMILY"
+
+
+def family_dir() -> Path | None:
+    """The folder ``ATTNCIRCUITS_FAMILY`` names (absolute), or None for the committed seed 0."""
+    value = os.environ.get(FAMILY_ENV, "").strip()
+    return Path(os.path.abspath(os.path.expanduser(value))) if value else None
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -53,8 +53,9 @@ ABOUT = ("recipe", "corpus")
 
 
 def models_in_use() -> str:
-    """"shipped", or the folder of the set ``ATTNCIRCUITS_MODELS`` names."""
-    directory = modelset.current_dir()
+    """"shipped", or the folder of the set ``ATTNCIRCUITS_MODELS`` names, or of the family results
+    ``ATTNCIRCUITS_FAMILY`` names (chapter 11 on another seed's family)."""
+    directory = modelset.current_dir() or modelset.family_dir()
     return "shipped" if directory is None else str(directory)
 
 

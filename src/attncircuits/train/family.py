@@ -40,12 +40,16 @@ import torch
 
 from attncircuits.analysis import losses
 from attncircuits.analysis.scores import head_scores
+from attncircuits.checkpoints import modelset
 from attncircuits.core import durable
 from attncircuits.train.live import live_configs, live_streams, live_text
 from attncircuits.train.loop import TrainingInterrupted, train
 
-ROOT = Path(__file__).resolve().parents[3]
-RESULTS = ROOT / "results" / "family"
+#: where ``make family`` writes each seed's folder: beside the committed seed 0, in the package's
+#: shipped files (so chapter 11 reads it on Colab too)
+RESULTS = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped" / "family"
+#: a results folder for chapter 11 to read instead of the committed seed 0 (``make family SEED=n``'s)
+RESULTS_ENV = modelset.FAMILY_ENV
 #: chapter 7's live recipe at a lower rate (see the module), for a budget over three times the
 #: steps its 2-layer model needs
 RECIPE = dict(lr=2e-3, steps=2400, eval_every=25)
@@ -75,7 +79,7 @@ def member_configs(name: str, seed: int = 0):
 
 def recipe_id(seed: int) -> dict:
     """What makes two results files comparable: the members' configs and the recipe."""
-    rid = {"seed": seed, "recipe": vars(member_configs("attn-2l", seed)[1]),
+    rid = {"seed": seed, "recipe": vars(member_configs(next(iter(MEMBERS)), seed)[1]),
            "members": {n: member_configs(n, seed)[0].to_dict() for n in MEMBERS}}
     return json.loads(json.dumps(rid))  # as it reads back from recipe.json
 
@@ -166,7 +170,7 @@ def _worker(args):
 
 def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out: Path | None = None,
         streams=None) -> Path:
-    """Train every member of the family not yet in ``out`` (default ``results/family/seed-N``),
+    """Train every member of the family not yet in ``out`` (default :data:`RESULTS`/``seed-N``),
     ``processes`` at a time, and print the closing table; a results folder of another recipe is
     refused before anything is trained. ``streams`` (train, validation tokens) replaces the live
     recipe's (tests pass small ones)."""
@@ -207,14 +211,52 @@ def load(out: Path) -> dict[str, dict]:
     return res
 
 
+def results_dir() -> Path:
+    """The family results chapter 11 reads: the folder :data:`RESULTS_ENV` names, else seed 0."""
+    return modelset.family_dir() or RESULTS / "seed-0"
+
+
+def recipe_of(directory: Path | str | None = None) -> dict:
+    """The recipe a results folder was trained with (its ``recipe.json``: seed, training settings,
+    every member's model config); call :func:`load_results` first, which checks it."""
+    out = Path(directory) if directory is not None else results_dir()
+    return json.loads((out / "recipe.json").read_text())
+
+
+def load_results(directory: Path | str | None = None) -> dict[str, dict]:
+    """Every member's results in ``directory`` (default :func:`results_dir`), checked whole: a
+    missing folder, one of another recipe, a member not finished or a file that does not read
+    each raise one line naming the command that makes it right."""
+    out = Path(directory) if directory is not None else results_dir()
+    id_file = out / "recipe.json"
+    if not id_file.is_file():
+        raise FileNotFoundError(f"no family results in {out} (no recipe.json): run `make family SEED=n` "
+                                f"(about half an hour on 2 cores), or unset {RESULTS_ENV}")
+    try:
+        rid = json.loads(id_file.read_text())
+        seed = int(rid["seed"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{id_file} does not read ({err}); move {out} away and run `make family`") from None
+    if rid != recipe_id(seed):
+        raise ValueError(f"{out} was written by another recipe than this package's; move it away and run "
+                         f"`make family SEED={seed}` to train the family again")
+    missing = [n for n in MEMBERS if not ((out / f"{n}.json").is_file() and (out / f"{n}.npz").is_file())]
+    if missing:
+        raise FileNotFoundError(f"{out} is half-written: {len(missing)} members not finished ({', '.join(missing[:4])}"
+                                f"{', ...' if len(missing) > 4 else ''}); run `make family SEED={seed}` again: it "
+                                "resumes where it stopped")
+    try:
+        return load(out)
+    except (ValueError, OSError, KeyError) as err:
+        raise ValueError(f"a results file in {out} does not read ({err}); delete that member's .json and .npz "
+                         f"and run `make family SEED={seed}` to train it again") from None
+
+
 def table(out: Path) -> str:
-    lines = [f"{'member':<16} {'params':>8} {'val loss':>8} {'ICL':>12} {'best prefix':>11}"]
-    for name, r in load(out).items():
-        h, icl = r["history"], r["final_icl"]
-        pm = max(max(row) for row in h["prefix_matching"][-1])
-        lines.append(f"{name:<16} {r['n_params']:>8,} {h['val_loss'][-1]:>8.3f} "
-                     f"{icl['mean']:>+6.2f} ± {icl['se']:.2f} {pm:>11.2f}")
-    return "\n".join(lines)
+    """The closing table: each member's phase change, ICL score before and after it, best heads."""
+    from attncircuits.analysis.phase import TABLE_HEADER, summarize
+
+    return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
 
 
 def main(argv=None) -> int:

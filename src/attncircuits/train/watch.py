@@ -12,7 +12,8 @@ Works in any training loop, the course's or your own plain PyTorch or Transforme
 Every ``every`` steps it scores the heads on random tokens repeated (prefix matching) and, given
 ``text``, on real text (previous token), or with any other detectors of the registry
 (:data:`attncircuits.analysis.scores.DETECTORS`); keeps one row per step in ``rows``; shows them
-(the last rows, updated in place in a notebook; one plain line per step in a terminal); and
+(in a notebook a figure of each detector's best score over the steps and the last rows, updated in
+place; in a terminal one plain line per step); and
 reports the phase change once: the first step at which a head's prefix-matching score reaches
 ``threshold``, the heads that did, and the previous-token heads they compose with (their
 K-composition, as chapter 5 reads it). The model is put back in the mode it was in.
@@ -158,7 +159,24 @@ class HeadWatch:
     def _html(self) -> str:
         lines = "".join(f"<div>{self._line(r)}</div>" for r in self.rows[-8:])
         note = f"<b>{self.phase_change.describe()}</b>" if self.phase_change else "no induction head yet"
-        return f"<div style='font-family:monospace;font-size:12px'>{lines}<div>{note}</div></div>"
+        figure = f"<img src='data:image/png;base64,{self._figure_png()}' style='max-width:100%'/>" if len(self.rows) > 1 else ""
+        return f"<div style='font-family:monospace;font-size:12px'>{figure}{lines}<div>{note}</div></div>"
+
+    def curves(self) -> dict[str, list[float]]:
+        """The best score of each detector watched, one value per row: ``{column: values}``."""
+        return {DETECTORS[n].column: [float(r[n].max()) for r in self.rows] for n in self.detectors
+                if all(n in r for r in self.rows)}
+
+    def _figure_png(self) -> str:
+        import base64
+
+        from attncircuits.show.plotting import figure_png, phase_change_plot
+
+        marks = {"phase change": self.phase_change.step} if self.phase_change else None
+        fig = phase_change_plot([r["step"] for r in self.rows], {"best head's score": self.curves()},
+                                xlabel="training step", vlines=marks)
+        fig.set_size_inches(fig.get_figwidth(), 2.4)
+        return base64.b64encode(figure_png(fig)).decode()
 
     def report(self) -> str:
         """One line: the phase change, or that none happened in the steps watched."""

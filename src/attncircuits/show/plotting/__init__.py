@@ -55,6 +55,7 @@ from attncircuits.show.plotting.base import (
     text_sizes_px,
 )
 from attncircuits.show.plotting.curves import histories_side_by_side, loss_curve, phase_change_plot, position_loss_plot
+from attncircuits.show.plotting.family import loss_pca_paths, member_trajectories
 from attncircuits.show.plotting.heatmaps import (
     attention_heatmap,
     circuit_heatmap,
@@ -94,6 +95,8 @@ __all__ = [
     "heatmap_grid",
     "html_table",
     "loss_curve",
+    "loss_pca_paths",
+    "member_trajectories",
     "next_token_bars",
     "next_token_table_html",
     "overlapping_labels",
