@@ -13,7 +13,8 @@ reads them); nothing trains or runs a model.
   each the mean of ``n`` evaluations, so one noisy evaluation does not decide it.
 * :func:`loss_pca` stacks every snapshot's per-token losses (one vector per snapshot, the same
   (window, position) pairs for every member), centres them and projects them on two principal
-  components: one trajectory per member.
+  components: one trajectory per member; :func:`turn` measures how sharply one turns across its
+  phase change, against :func:`turns_elsewhere`, the same measure everywhere else on the path.
 """
 
 from __future__ import annotations
@@ -135,16 +136,38 @@ def loss_pca(per_token: dict[str, np.ndarray], n_components: int = 2) -> LossPCA
     return LossPCA(coords, (s[:n_components] ** 2) / (s**2).sum())
 
 
-def pivot_angle(path: np.ndarray, at: int, span: int = 4) -> float:
-    """How sharply a PCA trajectory turns at snapshot ``at``: the angle (degrees) between its mean
-    direction over the ``span`` snapshots before and the ``span`` after. 0 is straight on."""
-    path = np.asarray(path, dtype=float)
-    a = path[at] - path[max(0, at - span)]
-    b = path[min(len(path) - 1, at + span)] - path[at]
+def smooth(x: np.ndarray, k: int) -> np.ndarray:
+    """The running mean of ``k`` consecutive snapshots (rows) of ``x``: ``len(x) - k + 1`` rows,
+    row ``i`` the mean of rows ``i .. i + k - 1`` (centred on snapshot ``i + k // 2``)."""
+    x = np.asarray(x, dtype=np.float64)
+    if not 1 <= k <= len(x):
+        raise ValueError(f"k={k}: a running mean needs 1 <= k <= the {len(x)} snapshots")
+    c = np.cumsum(np.concatenate([np.zeros((1, *x.shape[1:])), x]), 0)
+    return (c[k:] - c[:-k]) / k
+
+
+def _angle(a: np.ndarray, b: np.ndarray) -> float:
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 or nb == 0:
         return 0.0
     return float(np.degrees(np.arccos(np.clip(a @ b / (na * nb), -1, 1))))
+
+
+def turn(path: np.ndarray, start: int, end: int, span: int = 8) -> float:
+    """How sharply a path turns across snapshots ``start`` to ``end``: the angle (degrees) between
+    its direction over the ``span`` snapshots before ``start`` and over the ``span`` after ``end``
+    (clipped at the path's ends). 0 is straight on, 180 straight back."""
+    path = np.asarray(path, dtype=float)
+    if path.ndim != 2 or not 0 <= start <= end < len(path):
+        raise ValueError(f"need a [n, d] path and 0 <= start <= end < n, got shape {path.shape}, {start}, {end}")
+    return _angle(path[start] - path[max(0, start - span)], path[min(len(path) - 1, end + span)] - path[end])
+
+
+def turns_elsewhere(path: np.ndarray, width: int, span: int = 8) -> np.ndarray:
+    """:func:`turn` across every stretch of ``width`` snapshots of the path with ``span`` whole
+    snapshots on each side: what the path does on its own, to read a turn against."""
+    path = np.asarray(path, dtype=float)
+    return np.array([turn(path, i, i + width, span) for i in range(span, len(path) - span - width)])
 
 
 @dataclass(frozen=True)

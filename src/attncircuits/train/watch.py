@@ -170,13 +170,17 @@ class HeadWatch:
     def _figure_png(self) -> str:
         import base64
 
+        import matplotlib.pyplot as plt
+
         from attncircuits.show.plotting import figure_png, phase_change_plot
 
         marks = {"phase change": self.phase_change.step} if self.phase_change else None
         fig = phase_change_plot([r["step"] for r in self.rows], {"best head's score": self.curves()},
                                 xlabel="training step", vlines=marks)
         fig.set_size_inches(fig.get_figwidth(), 2.4)
-        return base64.b64encode(figure_png(fig)).decode()
+        png = figure_png(fig)
+        plt.close(fig)  # shown once, in the display updated in place, not again at the cell's end
+        return base64.b64encode(png).decode()
 
     def report(self) -> str:
         """One line: the phase change, or that none happened in the steps watched."""
