@@ -824,6 +824,81 @@ right(C, "a running minimum with itertools", lambda v: float(max(
     [0.0] + [x - m for x, m in zip([x for x in v if x is not None], __import__("itertools").accumulate(
         [x for x in v if x is not None], min))])))
 
+# ---- chapter 11 ------------------------------------------------------------------------------------
+C = "ch11.check_rise_window"
+
+
+def _rise(steps, values, lo=0.2, hi=0.8, base=None, strict=False, index=False, scale=None):
+    first = values[0] if base is None else base(values)
+    top = max(values)
+
+    def reach(f):
+        level = f * top if scale else first + f * (top - first)
+        return next(i for i, v in enumerate(values) if (v > level if strict else v >= level))
+
+    a, b = reach(lo), reach(hi)
+    return (a, b) if index else (steps[a], steps[b])
+
+
+wrong(C, "from the minimum", lambda s, v, lo=0.2, hi=0.8: _rise(s, v, lo, hi, base=min), "lowest value", "named")
+wrong(C, "indices", lambda s, v, lo=0.2, hi=0.8: _rise(s, v, lo, hi, index=True), "indices", "named")
+wrong(C, "strictly above", lambda s, v, lo=0.2, hi=0.8: _rise(s, v, lo, hi, strict=True), ">=", "named")
+wrong(C, "fractions of the top", lambda s, v, lo=0.2, hi=0.8: _rise(s, v, lo, hi, scale=True), "times the highest",
+      "named")
+wrong(C, "swapped", lambda s, v, lo=0.2, hi=0.8: _rise(s, v, lo, hi)[::-1], "swapped", "named")
+wrong(C, "last crossing", lambda s, v, lo=0.2, hi=0.8: (lambda last: (s[last(v[0] + lo * (max(v) - v[0]))],
+      s[last(v[0] + hi * (max(v) - v[0]))]))(lambda lev: min(len(v) - 1, max([i for i, x in enumerate(v) if x < lev],
+                                                                          default=-1) + 1)),
+      "last times", "named")
+wrong(C, "defaults ignored", lambda s, v, lo=0.2, hi=0.8: _rise(s, v), "lo=0.5")
+right(C, "with numpy", lambda s, v, lo=0.2, hi=0.8: tuple(int(s[int(__import__("numpy").argmax(
+    __import__("numpy").asarray(v) >= v[0] + f * (max(v) - v[0])))]) for f in (lo, hi)))
+right(C, "the solution", _sol("rise_window"))
+
+C = "ch11.check_best_induction_head"
+wrong(C, "layer 0 included", lambda pm: tuple(int(i) for i in divmod(int(torch.as_tensor(pm).amax(0).argmax()),
+                                                                     torch.as_tensor(pm).shape[2])), "layer 0", "named")
+wrong(C, "last evaluation", lambda pm: (lambda b: (int(b.argmax()) // b.shape[1] + 1, int(b.argmax()) % b.shape[1]))(
+    torch.as_tensor(pm)[-1, 1:]), "last evaluation", "named")
+wrong(C, "no offset", lambda pm: (lambda b: (int(b.argmax()) // b.shape[1], int(b.argmax()) % b.shape[1]))(
+    torch.as_tensor(pm)[:, 1:].amax(0)), "one too low", "named")
+wrong(C, "transposed (head, layer)", lambda pm: _sol("best_induction_head")(pm)[::-1], "in that order", "named")
+wrong(C, "flat index", lambda pm: (lambda lh: lh[0] * torch.as_tensor(pm).shape[2] + lh[1])(
+    _sol("best_induction_head")(pm)), "a tuple of 2")
+wrong(C, "another head: the lowest", lambda pm: (lambda b: (int(b.argmin()) // b.shape[1] + 1, int(b.argmin()) % b.shape[1]))(
+    torch.as_tensor(pm)[:, 1:].amax(0)), "expected")
+right(C, "with numpy", lambda pm: (lambda a: (int(a[0]) + 1, int(a[1])))(__import__("numpy").unravel_index(
+    __import__("numpy").argmax(__import__("numpy").asarray(pm)[:, 1:].max(0)), __import__("numpy").asarray(pm)[:, 1:].shape[1:])))
+right(C, "the solution", _sol("best_induction_head"))
+
+C = "ch11.check_loss_pca_2d"
+
+
+def _pca(x, centre="col", scale=False, u_only=False, order=(0, 1)):
+    x = torch.as_tensor(x).double()
+    if centre == "col":
+        x = x - x.mean(0)
+    elif centre == "row":
+        x = x - x.mean(1, keepdim=True)
+    if scale:
+        x = x / x.std(0).clamp_min(1e-12)
+    u, s, vt = torch.linalg.svd(x, full_matrices=False)
+    out = u[:, :2] if u_only else x @ vt[:2].T
+    return out[:, list(order)]
+
+
+wrong(C, "not centred", lambda x: _pca(x, centre=None), "centre the stack", "named")
+wrong(C, "standardised", lambda x: _pca(x, scale=True), "spread", "named")
+wrong(C, "rows centred", lambda x: _pca(x, centre="row"), "each snapshot", "named")
+wrong(C, "U only", lambda x: _pca(x, u_only=True), "U's columns", "named")
+wrong(C, "transposed components", lambda x: _pca(x, order=(1, 0)), "wrong order", "named")
+wrong(C, "zeros", lambda x: torch.zeros(len(x), 2, dtype=torch.float64), "all zeros")
+wrong(C, "NaN", lambda x: torch.full((len(x), 2), float("nan"), dtype=torch.float64), "NaN")
+right(C, "one component negated", lambda x: _pca(x) * torch.tensor([1.0, -1.0], dtype=torch.float64))
+right(C, "U times S, in float32", lambda x: (lambda u, s: u[:, :2] * s[:2])(
+    *torch.linalg.svd((torch.as_tensor(x).float() - torch.as_tensor(x).float().mean(0)), full_matrices=False)[:2]))
+right(C, "the solution", _sol("loss_pca_2d"))
+
 exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 
 

@@ -215,6 +215,15 @@ def _chapter_figures():
     run = (list(range(40)), {"validation loss": list(rng.random(40)), "ICL score": [None] + list(rng.random(39))})
     yield "histories_side_by_side", lambda: plotting.histories_side_by_side({"attn-only-2l": run, "ln-mlp-4l": run},
                                                                             vlines={"ln-mlp-4l": 20})
+    x = np.arange(97) * 25 * 1024 / 1e6  # chapter 11: 15 members, 97 snapshots
+    rise = lambda at: 0.06 + 0.85 / (1 + np.exp(-(x - at) * 12))  # noqa: E731
+    panels = {g: {f"{n}l": (x, rise(0.4 + 0.15 * n) if n > 1 else x * 0 + 0.07, (0.4 + 0.15 * n, 0.5 + 0.15 * n) if n > 1 else None)
+                  for n in range(1, 7)} for g in ("attention only", "MLPs and LayerNorm")}
+    panels["2 layers: positions"] = {s: (x, rise(0.6 + 0.2 * i) if s != "none" else x * 0.1 + 0.05, None)
+                                     for i, s in enumerate(("sinusoidal-qk", "learned", "rotary", "none"))}
+    yield "member_trajectories", lambda: plotting.member_trajectories(panels, threshold=0.5)
+    paths = {f"{k}-{n}l": np.cumsum(rng.normal(size=(80, 2)), 0) for k in ("attn", "ln-mlp") for n in range(1, 7)}
+    yield "loss_pca_paths", lambda: plotting.loss_pca_paths(paths, {m: 40 for m in paths}, [0.25, 0.2])
     from attncircuits.show.widgets import head_explorer, snapshot_explorer
 
     head = head_explorer(ck1.model, ck1.tokenizer, frequent_tokens(ck1.tokenizer, 20), k=12)  # chapter 4's call
@@ -237,7 +246,7 @@ def test_every_figure_is_legible_in_the_book_column():
             small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide, overlapping {clash[:3]}")
         seen += 1
         plt.close("all")
-    assert seen == 19 and not small, small  # every figure _chapter_figures draws
+    assert seen == 21 and not small, small  # every figure _chapter_figures draws
 
 
 def test_the_legibility_measure_catches_a_figure_scaled_down_too_far():

@@ -123,8 +123,13 @@ def loss_pca(per_token: dict[str, np.ndarray], n_components: int = 2) -> LossPCA
     names = list(per_token)
     x = np.concatenate([np.asarray(per_token[m], dtype=np.float64) for m in names])
     x = x - x.mean(0)
-    _, s, vt = np.linalg.svd(x, full_matrices=False)
-    proj = x @ vt[:n_components].T
+    # the snapshots' Gram matrix has the squared singular values as eigenvalues and U as
+    # eigenvectors: a few hundred snapshots by a few hundred is far cheaper than the SVD of x
+    gram = x @ x.T
+    evals, evecs = np.linalg.eigh(gram)
+    order = np.argsort(evals)[::-1][:n_components]
+    s2 = np.clip(evals, 0, None)
+    proj = evecs[:, order] * np.sqrt(s2[order])
     # a component's sign is arbitrary: orient each so the first snapshot of the first member is negative
     sign = -np.sign(proj[0]) + (proj[0] == 0)
     proj = proj * sign
@@ -133,7 +138,7 @@ def loss_pca(per_token: dict[str, np.ndarray], n_components: int = 2) -> LossPCA
         k = len(per_token[m])
         coords[m] = proj[i : i + k]
         i += k
-    return LossPCA(coords, (s[:n_components] ** 2) / (s**2).sum())
+    return LossPCA(coords, s2[order] / s2.sum())
 
 
 def smooth(x: np.ndarray, k: int) -> np.ndarray:

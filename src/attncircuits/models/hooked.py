@@ -184,7 +184,8 @@ def course_hooked_class():
             folded gain scales the positions' part too, so the logits differ; the weight products
             and the values are exact (see :meth:`attncircuits.models.transformer.Transformer.folded`)."""
             out = copy.deepcopy(self)
-            out.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+            has_ln = self.cfg.normalization_type is not None  # without one there is nothing to fold
+            out.process_weights_(fold_ln=has_ln, center_writing_weights=has_ln, center_unembed=True)
             return out.eval()
 
         def weights(self):

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from attncircuits.analysis import losses
+from attncircuits.analysis.phase import TABLE_HEADER, summarize
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.core import durable
@@ -254,8 +255,6 @@ def load_results(directory: Path | str | None = None) -> dict[str, dict]:
 
 def table(out: Path) -> str:
     """The closing table: each member's phase change, ICL score before and after it, best heads."""
-    from attncircuits.analysis.phase import TABLE_HEADER, summarize
-
     return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
 
 

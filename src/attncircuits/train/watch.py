@@ -21,9 +21,11 @@ K-composition, as chapter 5 reads it). The model is put back in the mode it was 
 
 from __future__ import annotations
 
+import base64
 import sys
 from dataclasses import dataclass, field
 
+import matplotlib.pyplot as plt
 import torch
 
 from attncircuits.analysis.circuits import composition_scores
@@ -32,6 +34,7 @@ from attncircuits.core import validate
 from attncircuits.core.heads import Head, head_name
 from attncircuits.models.hooked import adopt
 from attncircuits.models.interface import features
+from attncircuits.show.plotting import figure_png, phase_change_plot
 
 
 @dataclass
@@ -168,12 +171,6 @@ class HeadWatch:
                 if all(n in r for r in self.rows)}
 
     def _figure_png(self) -> str:
-        import base64
-
-        import matplotlib.pyplot as plt
-
-        from attncircuits.show.plotting import figure_png, phase_change_plot
-
         marks = {"phase change": self.phase_change.step} if self.phase_change else None
         fig = phase_change_plot([r["step"] for r in self.rows], {"best head's score": self.curves()},
                                 xlabel="training step", vlines=marks)

@@ -35,7 +35,7 @@ def member_trajectories(
     if not panels:
         raise ValueError("pass at least one panel: {title: {member: (x, y, window)}}")
     n = len(panels)
-    fig, axes = new_figure(1, n, figsize=(2.3 * n, 3.0), sharey=True)
+    fig, axes = new_figure(1, n, figsize=(2.3 * n, 3.4), sharey=True)
     for col, (name, lines) in enumerate(panels.items()):
         ax = axes[0, col]
         for i, (label, (x, y, window)) in enumerate(lines.items()):
@@ -55,8 +55,9 @@ def member_trajectories(
         if col == 0:
             ax.set_ylabel(ylabel, fontsize=LABEL_PT)
         set_title(ax, name)
-        ax.legend(fontsize=SMALL_PT, loc="lower right", frameon=False, handlelength=1.2,
-                  labelspacing=0.2, borderaxespad=0.2)
+        # under the panel, where it covers no line
+        ax.legend(fontsize=SMALL_PT, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False,
+                  ncol=3 if len(lines) > 4 else 2, handlelength=1.2, columnspacing=0.8, labelspacing=0.2)
     return finish(fig, title)
 
 
