@@ -1,4 +1,4 @@
-"""A table of answers to the 43 exercise checks: wrong answers, each with the words its message
+"""A table of answers to the 46 exercise checks: wrong answers, each with the words its message
 must contain, and correct answers written another way, which must pass.
 
 Every wrong answer is one of two message classes: ``named`` (the message names the mistake) or
@@ -930,7 +930,7 @@ def outcome(row: Row) -> tuple[str, str]:
 
 
 def reference_rows() -> list[Row]:
-    """One right answer per check (the first in the table): the 43 checks on the reference solutions."""
+    """One right answer per check (the first in the table): the 46 checks on the reference solutions."""
     first: dict[str, Row] = {}
     for row in ROWS:
         if row.expect == "pass":
