@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 from attncircuits.analysis import circuit_check as cc
 from attncircuits.checkpoints.mysteries import load_mystery, mystery_names
+from attncircuits.checkpoints.pretrained import load_pretrained
 from attncircuits.core.heads import Head, head_name
+from attncircuits.data.tasks import Repeated
 
 __all__ = ["Grade", "Grader", "HypothesisError", "grade", "grade_function", "grader_for", "parse"]
 
@@ -139,12 +141,13 @@ class Grade:
 class Grader:
     """Grades hypotheses about ``model`` on ``task`` (the measurements are made once, then reused)."""
 
-    def __init__(self, name: str, model, task, n_rows: int = 256):
-        self.name, self.model, self.task, self.n_rows = name, model, task, n_rows
+    def __init__(self, name: str, model, task, n_rows: int = 256, role_rows: int = 64):
+        # rows of the task for the ablations, and of random tokens for the role scores
+        self.name, self.model, self.task, self.n_rows, self.role_rows = name, model, task, n_rows, role_rows
 
     @functools.cached_property
     def roles(self):
-        return cc.role_scores(self.model, self.task)
+        return cc.role_scores(self.model, self.task, n_rows=self.role_rows)
 
     @functools.cached_property
     def z(self):
@@ -241,11 +244,8 @@ def grader_for(name: str) -> Grader:
     """The grader of shipped mystery ``name`` (or of chapter 6's ``attn-only-2l`` on repeated
     random tokens, the course's own known circuit)."""
     if name == "attn-only-2l":
-        from attncircuits.checkpoints.pretrained import load_pretrained
-        from attncircuits.data.tasks import Repeated
-
         model = load_pretrained("attn-only-2l").model
-        return Grader(name, model, Repeated(model.cfg.d_vocab, model.cfg.n_ctx, seq_len=40), n_rows=64)
+        return Grader(name, model, Repeated(model.cfg.d_vocab, model.cfg.n_ctx, seq_len=40), n_rows=32, role_rows=16)
     m = load_mystery(name)
     return Grader(name, m.model, m.task)
 
