@@ -20,7 +20,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train replicate family train-mine bench clean venv screenshots
+.PHONY: book book-assets test train replicate family train-mine mystery bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -169,6 +169,12 @@ STEPS ?=
 train-mine: venv
 	@test -n "$(CORPUS)" -a -n "$(OUT)" || { echo "usage: make train-mine CORPUS='path/**/*.py' OUT=DIR [STEPS=N]" >&2; exit 2; }
 	$(PY) -m attncircuits.train.mine $(foreach p,$(CORPUS),'$(p)') --out '$(OUT)' $(if $(STEPS),--steps '$(STEPS)')
+
+# Chapter 12's mystery models, trained on their synthetic tasks (one core, a few minutes each), their
+# circuits measured and checked before they are written to checkpoints/shipped/mysteries/:
+# make mystery [NAME=mystery-2]
+mystery: venv
+	cd src && ../$(PY) -m attncircuits.train.mystery $(NAME)
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv

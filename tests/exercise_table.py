@@ -1,4 +1,4 @@
-"""A table of answers to the 46 exercise checks: wrong answers, each with the words its message
+"""A table of answers to the 50 exercise checks: wrong answers, each with the words its message
 must contain, and correct answers written another way, which must pass.
 
 Every wrong answer is one of two message classes: ``named`` (the message names the mistake) or
@@ -898,6 +898,82 @@ right(C, "one component negated", lambda x: _pca(x) * torch.tensor([1.0, -1.0], 
 right(C, "U times S, in float32", lambda x: (lambda u, s: u[:, :2] * s[:2])(
     *torch.linalg.svd((torch.as_tensor(x).float() - torch.as_tensor(x).float().mean(0)), full_matrices=False)[:2]))
 right(C, "the solution", _sol("loss_pca_2d"))
+# ---- chapter 12 ------------------------------------------------------------------------------------
+C = "ch12.check_copy_attention"
+
+
+def _copy(pattern, tokens, shift, over_all=False, own=False):
+    n = tokens.shape[1]
+    src = torch.full_like(tokens, -1)
+    src[:, shift:] = tokens[:, : n - shift]
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None]
+    before = (k - shift <= q) if own else (k - shift < q)
+    mask = (src[:, None, :] == tokens[:, :, None]) & before & (k <= q) & (tokens[:, :, None] != 0)
+    has = torch.ones_like(mask.any(-1)) if over_all else mask.any(-1)
+    mass = (pattern * mask[:, None]).sum(-1)
+    return (mass * has[:, None]).sum((0, 2)) / has.sum().clamp(min=1)
+
+
+wrong(C, "shift one too many", lambda p, t, s: _copy(p, t, s + 1), "one too many", "named")
+wrong(C, "mean over every query", lambda p, t, s: _copy(p, t, s, over_all=True), "average over the queries", "named")
+wrong(C, "the query's own position", lambda p, t, s: _copy(p, t, s, own=True), "own position", "named")
+wrong(C, "zeros", zeros("copy_attention"), "all zeros")
+wrong(C, "NaN", with_nan("copy_attention"), "NaN")
+wrong(C, "times 100", times("copy_attention", 100.0), "100")
+right(C, "einsum over the mask", lambda p, t, s: (lambda m: torch.einsum("bhqk,bqk->bhq", p, m.float()).mul(
+    m.any(-1)[:, None]).sum((0, 2)) / m.any(-1).sum().clamp(min=1))(
+    (torch.cat([torch.full_like(t[:, :s], -1), t[:, : t.shape[1] - s]], 1)[:, None, :] == t[:, :, None])
+    & (torch.arange(t.shape[1])[None] - s < torch.arange(t.shape[1])[:, None])
+    & (torch.arange(t.shape[1])[None] <= torch.arange(t.shape[1])[:, None]) & (t[:, :, None] != 0)))
+right(C, "in float64", in_float64("copy_attention"))
+
+C = "ch12.check_circuit_shares"
+wrong(C, "faithfulness from the clean end", lambda c, n, k, x: ((k - c) / (n - c), (x - c) / (n - c)),
+      "from the ablated end", "named")
+wrong(C, "completeness from the ablated end", lambda c, n, k, x: ((n - k) / (n - c), (n - x) / (n - c)),
+      "from the clean end", "named")
+wrong(C, "swapped", lambda c, n, k, x: ((x - c) / (n - c), (n - k) / (n - c)), "swapped", "named")
+wrong(C, "divided by none", lambda c, n, k, x: ((n - k) / n, (x - c) / n), "none - clean", "named")
+wrong(C, "zeros", lambda c, n, k, x: (0.0, 0.0), "got 0")
+wrong(C, "negated", lambda c, n, k, x: ((k - n) / (n - c), (c - x) / (n - c)), "wrong sign")
+right(C, "one minus", lambda c, n, k, x: (1 - (k - c) / (n - c), 1 - (n - x) / (n - c)))
+right(C, "a list", lambda c, n, k, x: [(n - k) / (n - c), (x - c) / (n - c)])
+
+
+def _hyp(model, heads, comps=()):
+    return lambda: {"model": model, "heads": dict(heads), "compositions": list(comps)}
+
+
+M2 = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
+C = "ch12.check_mystery_2"
+wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}), "add -", "named")
+wrong(C, "copying heads", _hyp("mystery-2", {k: "copying" for k in M2}), "as copying: score", "named")
+wrong(C, "previous-token heads", _hyp("mystery-2", {k: "previous-token" for k in M2}), "as previous-token: score",
+      "named")
+wrong(C, "a composition in one layer", _hyp("mystery-2", M2, [("0.0", "0.1", "K")]), "earlier layer", "named")
+wrong(C, "another mystery's", _hyp("mystery-1", M2), "this grader grades 'mystery-2'", "named")
+wrong(C, "a head the model lacks", _hyp("mystery-2", {**M2, "1.0": "skip-trigram"}), "has no head 1.0", "named")
+wrong(C, "no dict", lambda: [("0.0", "skip-trigram")], "should return a hypothesis dict", "named")
+right(C, "the two skip-trigram heads", _hyp("mystery-2", M2))
+right(C, "heads as pairs, no compositions key", lambda: {"model": "mystery-2", "heads": {(0, 0): "skip-trigram",
+                                                                                       (0, 1): "skip-trigram"}})
+
+M3 = {"0.0": "previous-token", "0.1": "previous-token", "0.2": "previous-token", "0.3": "previous-token",
+      "1.0": "duplicate-token", "1.1": "duplicate-token", "1.3": "duplicate-token"}
+M3V = [("0.1", "1.0", "V"), ("0.1", "1.1", "V"), ("0.1", "1.3", "V")]
+C = "ch12.check_mystery_3"
+wrong(C, "another head: 1.2 for 1.3", _hyp("mystery-3", {**{k: r for k, r in M3.items() if k != "1.3"},
+                                                          "1.2": "duplicate-token"}, M3V[:2] + [("0.1", "1.2", "V")]),
+      "1.2 as duplicate-token: score", "named")
+wrong(C, "no composition", _hyp("mystery-3", M3), "reads no named head", "named")
+wrong(C, "K instead of V", _hyp("mystery-3", M3, [(w, r, "K") for w, r, _ in M3V]), "K: -", "named")
+wrong(C, "induction, not duplicate-token", _hyp("mystery-3", {k: ("induction" if r == "duplicate-token" else r)
+                                                              for k, r in M3.items()}, M3V), "as induction: score", "named")
+wrong(C, "layer 1 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "1"}), "needed: the", "named")
+wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3V), "is not a role of the course",
+      "named")
+right(C, "three V compositions from 0.1", _hyp("mystery-3", M3, M3V))
+right(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]))
 
 exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 
@@ -930,7 +1006,7 @@ def outcome(row: Row) -> tuple[str, str]:
 
 
 def reference_rows() -> list[Row]:
-    """One right answer per check (the first in the table): the 46 checks on the reference solutions."""
+    """One right answer per check (the first in the table): the 50 checks on the reference solutions."""
     first: dict[str, Row] = {}
     for row in ROWS:
         if row.expect == "pass":

@@ -32,7 +32,7 @@ def test_every_chapter_has_a_row():
     assert sorted(_rows()) == sorted(int(p.name[:2]) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-@pytest.mark.parametrize("n", range(1, 11))
+@pytest.mark.parametrize("n", sorted(int(p.name[:2]) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 def test_a_row_follows_its_chapter(n):
     read, n_ex, ex, together = _rows()[n]
     cells = _chapter(n)["cells"]

@@ -18,6 +18,8 @@ Every chapter of ``_toc.yml`` (``notebooks/NN_*.ipynb``) with exercises (what th
   ``pip install -e .`` from a clone, since a downloaded learner's notebook may have no clone
   around it;
 - relative links (``](../book/...)``) gain one ``../``, as the copy sits one folder deeper;
+- cells tagged ``answer`` (an open exercise's worked answer beyond its solution function) are
+  left out;
 - outputs and execution counts are stripped; hints, questions and every other cell are kept.
 
 ``--check`` regenerates in memory and exits 1 naming every learner notebook that is stale,
@@ -92,11 +94,16 @@ def strip_solution(source: str, where: str) -> str:
 #: solved notebook, so the learner's copy gets nbval's ``nbval-skip`` on them (the run costs the
 #: same and proves nothing new a second time); in Jupyter and Colab they run as usual.
 LIVE_RUN = "live-run"
+#: a tag for the cells that answer an open exercise beyond its solution function (chapter 12's
+#: reading of a mystery's weights): the book collapses them (``hide-cell``), the learner's copy
+#: leaves them out, since they would give the answer away before the learner looked
+ANSWER = "answer"
 
 
 def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict:
     """The learner's version of one solved notebook (a new dict; ``nb`` is left alone)."""
     nb = copy.deepcopy(nb)
+    nb["cells"] = [c for c in nb["cells"] if ANSWER not in c.get("metadata", {}).get("tags", [])]
     n_solutions = 0
     for i, cell in enumerate(nb["cells"]):
         tags = cell.get("metadata", {}).get("tags", [])

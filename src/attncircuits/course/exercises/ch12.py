@@ -1,0 +1,134 @@
+"""Checks for chapter 12 (Mystery models): attention to an earlier copy, the circuit's two shares, and the
+learner's hypotheses about two mystery models.
+
+The first two run the learner's function against the references in
+:mod:`attncircuits.analysis.circuit_check`. The hypothesis checks call the learner's function,
+which returns a hypothesis dict, and grade it with :mod:`attncircuits.course.grader` against the
+shipped mystery: there is no answer to compare with, only the model's measurements, and a wrong
+hypothesis gets the grader's first failing part (what was measured, not what the answer is).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attncircuits.analysis.circuit_check import circuit_shares, copy_attention
+from attncircuits.course import grader
+from attncircuits.course.exercises import _draws
+from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, run_check
+from attncircuits.data.tasks import Repeated
+
+__all__ = ["check_copy_attention", "check_circuit_shares", "check_mystery_2", "check_mystery_3"]
+
+
+def _mystery_case(name: str, layer: int, shift: int) -> Case:
+    g = grader.grader_for(name)
+    tokens = Repeated(g.model.cfg.d_vocab, g.model.cfg.n_ctx, (g.model.cfg.n_ctx - 1) // 2).batch(4, seed=7).tokens
+    _, cache = g.model.forward_checked(tokens, return_cache=True)
+    return Case(f"{name} layer {layer}, shift {shift}", (cache.pattern[layer].detach().clone(), tokens, shift))
+
+
+def _targets(tokens, shift, causal=True, own=False):
+    n = tokens.shape[1]
+    src = torch.full_like(tokens, -1)
+    src[:, shift:] = tokens[:, : n - shift]
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None]
+    ok = ((k - shift < q) | (own & (k - shift == q))) & (k <= q) if causal else torch.ones(n, n, dtype=torch.bool)
+    return (src[:, None, :] == tokens[:, :, None]) & ok & (tokens[:, :, None] != 0)
+
+
+def _mass(pattern, targets, over_all=False):
+    has = targets.any(-1) if not over_all else torch.ones(targets.shape[:2], dtype=torch.bool)
+    mass = (pattern * targets[:, None]).sum(-1)  # [batch, head, q]
+    return (mass * has[:, None]).sum((0, 2)) / has.sum().clamp(min=1)
+
+
+@guarded
+def check_copy_attention(fn) -> bool:
+    """Exercise 12.1: ``copy_attention(pattern [batch, head, q, k], tokens [batch, pos], shift) -> [head]``."""
+    cases = [_mystery_case("mystery-1", 1, 2), _mystery_case("mystery-3", 1, 0), _mystery_case("mystery-1", 1, 1)]
+    return run_check(
+        fn, cases, copy_attention,
+        [
+            Diagnosis("the shift is one too many: shift=1 is the token after the copy, shift=0 the copy itself",
+                      lambda e, c: copy_attention(c.args[0], c.args[1], c.args[2] + 1)),
+            Diagnosis("the shift is one too few: shift=1 is the token after the copy, shift=0 the copy itself",
+                      lambda e, c: copy_attention(c.args[0], c.args[1], c.args[2] - 1) if c.args[2] else None),
+            Diagnosis("the mean is over every query; average over the queries that have an earlier copy",
+                      lambda e, c: _mass(c.args[0], _targets(c.args[1], c.args[2]), over_all=True)),
+            Diagnosis("a query's own position counts as an earlier copy: keep keys k with k - shift < q",
+                      lambda e, c: _mass(c.args[0], _targets(c.args[1], c.args[2], own=True))),
+            Diagnosis("you summed over batch and queries: take the mean over the queries with a copy",
+                      lambda e, c: (c.args[0] * _targets(c.args[1], c.args[2])[:, None]).sum((0, 2, 3))),
+        ],
+        name="copy_attention",
+        generate=_copy_case,
+    )
+
+
+def _copy_case(draw: Draw):
+    seq = draw.int(2, 6)
+    half = torch.randint(1, 9, (draw.int(1, 2), seq), generator=draw.gen)
+    tokens = torch.cat([torch.zeros(half.shape[0], 1, dtype=torch.long), half, half], 1)
+    pattern = _draws.causal_pattern(draw, tokens.shape[0], draw.int(1, 3), tokens.shape[1])
+    return pattern, tokens, draw.int(0, 2)
+
+
+@guarded
+def check_circuit_shares(fn) -> bool:
+    """Exercise 12.2: ``circuit_shares(clean, none, keep, cut) -> (faithfulness, completeness)``."""
+    cases = [
+        Case("mystery-like losses", (0.05, 4.0, 0.45, 3.6), kind="hand-built"),
+        Case("a circuit that explains nothing", (0.3, 2.0, 2.0, 0.3), kind="hand-built"),
+        Case("a circuit that does better than the model", (1.0, 3.0, 0.8, 3.5), kind="hand-built"),
+    ]
+    return run_check(
+        fn, cases, circuit_shares,
+        [
+            Diagnosis("faithfulness is measured from the ablated end: (none - keep) / (none - clean)",
+                      lambda e, c: (1 - e[0], e[1])),
+            Diagnosis("completeness is measured from the clean end: (cut - clean) / (none - clean)",
+                      lambda e, c: (e[0], 1 - e[1])),
+            Diagnosis("divide by the gap between the ablated and the clean model, none - clean",
+                      lambda e, c: ((c.args[1] - c.args[2]) / c.args[1], (c.args[3] - c.args[0]) / c.args[1])),
+            Diagnosis("the two are swapped: faithfulness comes first, from `keep`",
+                      lambda e, c: (e[1], e[0])),
+        ],
+        name="circuit_shares",
+        outputs=("faithfulness", "completeness"),
+        generate=_shares_case,
+        identities=[Identity("the ablated loss is above the clean one", lambda clean, none, *_: none > clean)],
+    )
+
+
+def _shares_case(draw: Draw):
+    clean = float(draw.rand(1, lo=0.0, hi=1.0))
+    none = clean + float(draw.rand(1, lo=0.1, hi=5.0))
+    return clean, none, float(draw.rand(1, lo=0.0, hi=6.0)), float(draw.rand(1, lo=0.0, hi=6.0))
+
+
+def _graded(name: str):
+    """The case and the comparison of a hypothesis check: the learner's dict graded against ``name``."""
+    g = grader.grader_for(name)
+
+    def compare(got, expected, case):
+        if not isinstance(got, dict):
+            return f"your function returns {type(got).__name__}; it should return a hypothesis dict"
+        result = g.grade(got, show=False)
+        return None if result.passed else result.first_failure
+
+    return [Case(name, (), expected=True)], compare
+
+
+@guarded
+def check_mystery_2(fn) -> bool:
+    """Exercise 12.3: ``hypothesis_2() -> dict``, graded against mystery-2."""
+    cases, compare = _graded("mystery-2")
+    return run_check(fn, cases, compare=compare)
+
+
+@guarded
+def check_mystery_3(fn) -> bool:
+    """Exercise 12.4: ``hypothesis_3() -> dict``, graded against mystery-3."""
+    cases, compare = _graded("mystery-3")
+    return run_check(fn, cases, compare=compare)

@@ -1,0 +1,278 @@
+"""Chapter 12's mysteries and grader: the tasks follow their rules, a tiny mystery trains and is
+refused when its circuit is not the intended one, the shipped ground truth is what the
+measurements give, the true circuit of each mystery passes and at least ten wrong ones fail (each
+with a line saying what was measured), bad input is refused in one line, and the grader passes
+chapters 5-6's circuit of the shipped 2-layer model and fails it with a wrong head swapped in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attncircuits.analysis import circuit_check as cc
+from attncircuits.checkpoints import mysteries as store
+from attncircuits.core.heads import head_name
+from attncircuits.course import grader
+from attncircuits.data.tasks import Grammar, Recall, Repeated, task_from_dict, task_to_dict
+from attncircuits.models.transformer import ModelConfig
+from attncircuits.train import mystery as M
+
+MYSTERIES = store.mystery_names()
+
+
+# ---- the tasks -------------------------------------------------------------------------------------
+def test_the_grammar_answers_follow_the_cue_and_the_rows_trigger():
+    task = Grammar()
+    b = task.batch(32, seed=5)
+    table = task.table()
+    assert sorted(table[0].tolist()) == task.answer_tokens and not torch.equal(table[0], table[1])
+    for i in range(32):
+        row = b.tokens[i]
+        (trig_pos,) = [p for p, t in enumerate(row.tolist()) if t in task.triggers]
+        trig = task.triggers.index(int(row[trig_pos]))
+        for p in b.scored[i].nonzero().flatten().tolist():
+            assert p > trig_pos and int(row[p + 1]) == int(table[task.cues.index(int(row[p])), trig])
+
+
+@pytest.mark.parametrize("offset", [-1, 1, 2])
+def test_a_recall_answer_is_the_lists_token_offset_places_on(offset):
+    task = Recall(offset=offset)
+    b = task.batch(32, seed=1)
+    for i in range(32):
+        row = b.tokens[i].tolist()
+        sep = row.index(1)
+        keys = row[1:sep]
+        assert len(set(keys)) == len(keys) and task.min_keys <= len(keys) <= task.max_keys
+        for p in b.scored[i].nonzero().flatten().tolist():
+            assert p > sep and row[p + 1] == keys[keys.index(row[p]) + offset]
+    assert (b.answers[b.scored] >= 2).all() and (b.answers[~b.scored] == -1).all()
+
+
+def test_tasks_refuse_impossible_settings_naming_the_bound():
+    with pytest.raises(ValueError, match="d_vocab >= "):
+        Grammar(d_vocab=12)
+    with pytest.raises(ValueError, match="offset"):
+        Recall(offset=0)
+    with pytest.raises(ValueError, match="n_ctx"):
+        Repeated(d_vocab=10, n_ctx=8, seq_len=4)
+    with pytest.raises(ValueError, match="the tasks are grammar, recall, repeated"):
+        task_from_dict({"kind": "nope"})
+    assert task_from_dict(json.loads(json.dumps(task_to_dict(Recall(offset=-1))))) == Recall(offset=-1)
+
+
+# ---- training a tiny mystery -------------------------------------------------------------------------
+TINY_TASK = Recall(d_vocab=16, n_ctx=16, min_keys=4, max_keys=6, offset=1)
+
+
+def _tiny_spec(intended):
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=16, n_ctx=16)
+    return M.MysterySpec(TINY_TASK, cfg, M._train_cfg(40), intended)
+
+
+def test_a_tiny_mystery_trains_and_its_loss_falls():
+    spec = _tiny_spec({})
+    model, history = M.train_task(spec.model, spec.task, spec.train, progress=False)
+    assert history["val_loss"][-1] < history["val_loss"][0] - 0.1, history["val_loss"]
+    assert 0 <= history["val_accuracy"][-1] <= 1
+
+
+def test_a_mystery_whose_circuit_is_not_the_intended_one_is_not_written(tmp_path, monkeypatch):
+    monkeypatch.setitem(M.MYSTERIES, "tiny", _tiny_spec({"roles": ["skip-trigram"], "kinds": []}))
+    with pytest.raises(M.MysteryNotFormed, match="training did not give the intended circuit"):
+        M.train_mystery("tiny", tmp_path, progress=False)
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_a_written_mystery_loads_with_its_task_and_ground_truth(tmp_path, monkeypatch):
+    monkeypatch.setitem(M.MYSTERIES, "tiny", _tiny_spec({}))
+    monkeypatch.setattr(M, "intended_problem", lambda truth, intended: None)
+    path = M.train_mystery("tiny", tmp_path, progress=False)
+    m = store.load_mystery("tiny", tmp_path)
+    assert m.task == TINY_TASK and m.ground_truth["steps"] == 40 and path == tmp_path / "tiny"
+    assert m.tokenizer.id_to_token(1) == "SEP" and m.model.cfg.d_vocab == 16
+    with pytest.raises(KeyError, match="the mysteries are tiny"):
+        store.load_mystery("nope", tmp_path)
+
+
+def test_the_command_names_the_mysteries_when_given_another(capsys):
+    assert M.main(["mystery-9"]) == 2
+    assert "the mysteries are mystery-1, mystery-2, mystery-3" in capsys.readouterr().err
+
+
+# ---- the shipped mysteries ------------------------------------------------------------------------
+def test_three_mysteries_are_shipped_each_a_different_kind_of_circuit():
+    assert MYSTERIES == list(M.MYSTERIES) == ["mystery-1", "mystery-2", "mystery-3"]
+    kinds = []
+    for name in MYSTERIES:
+        truth = store.load_mystery(name).ground_truth
+        kinds.append((tuple(sorted(set(truth["heads"].values()))), tuple(sorted({k for *_, k in truth["compositions"]}))))
+        assert truth["accuracy"] > 0.99 and truth["train_seconds"] < 600
+    assert len(set(kinds)) == 3, kinds
+
+
+@pytest.mark.parametrize("name", MYSTERIES)
+def test_the_shipped_ground_truth_is_what_the_measurements_give(name):
+    m = store.load_mystery(name)
+    derived = cc.derive_circuit(m.model, m.task)
+    assert derived["heads"] == m.ground_truth["heads"]
+    assert sorted(map(tuple, derived["compositions"])) == sorted(map(tuple, m.ground_truth["compositions"]))
+    assert M.intended_problem(m.ground_truth, M.MYSTERIES[name].intended) is None
+
+
+def _truth(name):
+    t = store.load_mystery(name).ground_truth
+    return {"model": name, "heads": dict(t["heads"]), "compositions": [tuple(c) for c in t["compositions"]]}
+
+
+@pytest.mark.parametrize("name", MYSTERIES)
+def test_the_true_circuit_passes_and_the_grader_prints_its_numbers(name, capsys):
+    result = grader.grade(_truth(name))
+    out = capsys.readouterr().out
+    assert result.passed and result.faithfulness >= cc.FAITHFUL and result.completeness >= cc.COMPLETE, out
+    assert f"faithfulness {result.faithfulness:.2f}  completeness {result.completeness:.2f}" in out
+    assert all(len(line) <= 79 for line in out.splitlines()), out
+
+
+def wrong_hypotheses(name) -> list[tuple[str, dict]]:
+    """At least ten wrong hypotheses built from the true one: another head, missing or wrong
+    compositions, the right heads with wrong roles, a layer left out, everything named at once."""
+    true = _truth(name)
+    g = grader.grader_for(name)
+    n_layers, n_heads = g.model.cfg.n_layers, g.model.cfg.n_heads
+    heads, comps = true["heads"], true["compositions"]
+    every = [head_name(l, h) for l in range(n_layers) for h in range(n_heads)]
+    out = []
+
+    def hyp(label, h, c=None):
+        out.append((label, {"model": name, "heads": h, "compositions": comps if c is None else c}))
+
+    idle = [x for x in every if x not in heads]
+    for x in list(heads)[:2]:
+        if idle:  # another head in its place, with the same role
+            other = next((i for i in idle if i[0] == x[0]), idle[0])
+            h = {other if k == x else k: r for k, r in heads.items()}
+            c = [tuple(other if y == x else y for y in cc_[:2]) + (cc_[2],) for cc_ in comps]
+            hyp(f"{other} instead of {x}", h, [cc_ for cc_ in c if int(cc_[0][0]) < int(cc_[1][0])])
+    roles = sorted(set(heads.values()))
+    for role in roles:  # the right heads, that role wrong
+        for wrong in [r for r in cc.ROLES if r != role][: 3 if len(roles) > 1 else None]:
+            hyp(f"the {role} heads as {wrong}", {k: wrong if r == role else r for k, r in heads.items()})
+    for x in list(heads)[:2]:  # one head's role wrong
+        hyp(f"{x} as copying", {**heads, x: "copying" if heads[x] != "copying" else "induction"})
+    for x in list(heads)[:2]:
+        hyp(f"{x} alone", {x: heads[x]}, [])
+    if n_layers > 1:
+        hyp("no composition", heads, [])
+        readers = sorted({r for _, r, _ in comps})
+        hyp(f"nothing said about {readers[0]}", heads, [c for c in comps if c[1] != readers[0]])
+        for kind in [k for k in cc.KINDS if k not in {c[2] for c in comps}]:
+            hyp(f"every composition as {kind}", heads, [(w, r, kind) for w, r, _ in comps])
+        for layer in range(n_layers):
+            hyp(f"layer {layer} only", {k: r for k, r in heads.items() if int(k[0]) == layer}, [])
+        if len(roles) == 2:
+            hyp("the two roles swapped", {k: roles[1 - roles.index(r)] for k, r in heads.items()})
+    if idle:  # everything named at once: each head with its best role, copying where none fits
+        best = {head_name(*h): r for h, r in cc.best_roles(g.roles).items()}
+        everything = {x: best.get(x, "copying") for x in every}
+        all_comps = [(w, r, k) for (w_, r_, k), z in g.z.items() if z >= cc.COMPOSES
+                     for w, r in [(head_name(*w_), head_name(*r_))]]
+        hyp("every head named", everything, all_comps)
+    return out
+
+
+@pytest.mark.parametrize("name", MYSTERIES)
+def test_at_least_ten_wrong_hypotheses_each_fail_saying_what_was_measured(name, capsys):
+    wrong = wrong_hypotheses(name)
+    assert len(wrong) >= 10, [label for label, _ in wrong]
+    for label, h in wrong:
+        result = grader.grade(h, show=False)
+        assert not result.passed, f"{name}: the wrong hypothesis '{label}' passes"
+        assert result.failures and all(any(ch.isdigit() for ch in f) for f in result.failures), (label, result.failures)
+        assert result.lines[-1].startswith("✗ not yet:") and "% of the task" in result.lines[-1], result.lines
+
+
+def test_a_wrong_hypothesis_is_told_what_fails_not_the_answer():
+    true = _truth("mystery-3")
+    wrong = dict(true, heads={k: ("induction" if r == "duplicate-token" else r) for k, r in true["heads"].items()})
+    result = grader.grade(wrong, show=False)
+    assert not result.passed
+    text = "\n".join(result.failures)
+    assert "as induction: score" in text and "duplicate-token" not in text
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", MYSTERIES)
+@pytest.mark.parametrize("bad, says", [
+    ({"heads": {"5.0": "induction"}}, "has no head 5.0"),
+    ({"heads": {"0.0": "mover"}}, "is not a role of the course; the roles are current-token"),
+    ({"heads": {}}, "names no head"),
+    ({"heads": {"0.0": "copying"}, "model": "OTHER"}, "this grader grades"),
+    ({"heads": {"zero": "copying"}}, "write 'layer.head'"),
+    ({"heads": {"0.0": "copying"}, "roles": {}}, "its keys are model, heads, compositions"),
+])
+def test_bad_input_is_refused_in_one_line_naming_what_is_allowed(name, bad, says, capsys):
+    other = next(n for n in MYSTERIES if n != name)
+    h = {"model": name, **bad}
+    if h["model"] == "OTHER":
+        h["model"] = other
+    result = grader.grader_for(name).grade(h)
+    out = capsys.readouterr().out
+    assert not result.passed and len(result.failures) == 1 and "\n" not in result.failures[0]
+    assert says in result.failures[0] and out.startswith("✗ cannot grade:"), out
+
+
+@pytest.mark.parametrize("comps, says", [
+    ([("0.0", "0.1", "K")], "composes with a head of an earlier layer"),
+    ([("1.0", "0.0", "K")], "composes with a head of an earlier layer"),
+    ([("0.0", "1.0", "X")], "is not one of Q, K, V"),
+    ([("0.0", "1.2", "K")], "which has no role in 'heads'"),
+    (["0.0->1.0"], "a composition is (writer, reader, kind)"),
+])
+def test_bad_compositions_are_refused_in_one_line(comps, says):
+    h = {"model": "mystery-3", "heads": {"0.0": "previous-token", "0.1": "previous-token", "1.0": "duplicate-token"},
+         "compositions": comps}
+    result = grader.grade(h, show=False)
+    assert not result.passed and says in result.failures[0], result.failures
+
+
+def test_grade_names_the_models_it_grades_for_a_hypothesis_without_one():
+    for h in ({"heads": {"0.0": "copying"}}, "0.0 copying", {"model": "mystery-9"}):
+        result = grader.grade(h, show=False)
+        assert not result.passed and "set 'model' to one of mystery-1, mystery-2, mystery-3, attn-only-2l" in result.failures[0]
+
+
+# ---- the second check of the method: the course's own 2-layer circuit ------------------------------
+def _chapter_5_6_circuit():
+    """Chapters 5-6's circuit of attn-only-2l, found as they find it: the previous-token head, the
+    other layer-0 heads that K-compose with the induction heads (3 baseline deviations), and the
+    induction heads of layer 1 (prefix matching above 0.3)."""
+    g = grader.grader_for("attn-only-2l")
+    ind = [(1, h) for h in range(4) if g.roles["induction"][1, h] > 0.3]
+    k_writers = sorted({w for (w, r, kind), z in g.z.items() if kind == "K" and r in ind and z > 3})
+    best = cc.best_roles(g.roles)
+    heads = {head_name(*h): best[h] for h in k_writers + ind}
+    comps = [(head_name(*w), head_name(*r), "K") for w in k_writers for r in ind]
+    return g, {"model": "attn-only-2l", "heads": heads, "compositions": comps}, k_writers, ind
+
+
+def test_the_grader_passes_chapters_5_and_6_circuit_of_the_shipped_2_layer_model():
+    g, h, writers, ind = _chapter_5_6_circuit()
+    assert "previous-token" in h["heads"].values() and len(ind) >= 2, h
+    result = g.grade(h, show=False)
+    assert result.passed, result.failures
+
+
+def test_with_a_wrong_head_swapped_in_it_fails():
+    g, h, writers, ind = _chapter_5_6_circuit()
+    idle = [(0, x) for x in range(4) if (0, x) not in writers] + [(1, x) for x in range(4) if (1, x) not in ind]
+    prev = next(k for k, r in h["heads"].items() if r == "previous-token")
+    for bad in idle:
+        name = head_name(*bad)
+        for old in (prev, head_name(*ind[0])):
+            heads = {(name if k == old else k): r for k, r in h["heads"].items()}
+            comps = [tuple(name if x == old else x for x in c[:2]) + ("K",) for c in h["compositions"]]
+            comps = [c for c in comps if c[0][0] < c[1][0]]
+            result = g.grade({**h, "heads": heads, "compositions": comps}, show=False)
+            assert not result.passed, (old, name)
