@@ -160,8 +160,16 @@ _TAG = re.compile(r"<[^>]+>")
 
 def _printed_lines(outputs: Iterable[dict]) -> list[str]:
     """What a reader reads: printed lines, plain-text results, and HTML (a table row a line)."""
-    lines = []
-    for out in outputs:
+    lines, merged = [], []
+    for out in outputs:  # consecutive prints arrive as several stream outputs: one text
+        if merged and out.get("output_type") == "stream" and merged[-1].get("output_type") == "stream":
+            text = merged[-1]["text"]
+            more = out.get("text", "")
+            merged[-1] = {**merged[-1], "text": ("".join(text) if isinstance(text, list) else text)
+                          + ("".join(more) if isinstance(more, list) else more)}
+        else:
+            merged.append(out)
+    for out in merged:
         data = out.get("data", {})
         if out.get("output_type") == "stream":
             text = out.get("text", "")
@@ -175,25 +183,28 @@ def _printed_lines(outputs: Iterable[dict]) -> list[str]:
         else:
             continue
         text = "".join(text) if isinstance(text, list) else text
-        lines += [" ".join(line.split()) for line in _visible_lines(text)]
-    return [line for line in lines if line]
+        lines += [" ".join(line.split()) for line in _visible_lines(text)] + [""]
+    return lines
 
 
 def unnamed_quantities(outputs: Iterable[dict], reported: Iterable[dict], window_names: Iterable[str]) -> list[str]:
     """Lines that name a quantity (``quantities.MENTIONS``) but none of ``window_names``, leaving out
-    the lines that ``reported`` (``quantities.Measured`` records) printed."""
+    the lines that ``reported`` (``quantities.Measured`` records) printed. A line that names windows
+    and ends with ":" heads the lines below it, up to an empty line (a table under its header)."""
     from attncircuits.analysis.quantities import mentions
     own = {" ".join(line.split()) for r in reported for line in r["text"].splitlines()}
     from attncircuits.analysis.quantities import HISTORY_WINDOWS
 
     names = [n for n in (*window_names, HISTORY_WINDOWS) if n]
-    found = []
+    found, header = [], False
     for line in _printed_lines(outputs):
         rest = line
         for o in own:
             rest = rest.replace(o, " ")
+        has_name = any(n in line for n in names)
+        header = bool(line) and (header or (has_name and line.endswith(":")))
         named = mentions(rest)
-        if named and not any(n in line for n in names):
+        if named and not has_name and not header:
             found.append(f"{', '.join(named)} printed without its windows: {line[:70]!r} (print a "
                          "quantities.measure(...) or name the windows, quantities' docstring)")
     return found
@@ -272,7 +283,8 @@ def _checked(item, max_width: float):
         tags = item.cell.metadata.get("tags", [])
         problems = cell_problems(outputs, messages, tags, max_width)
         records = _new_quantity_records()
-        _WINDOW_NAMES.update(r["windows"] for r in records)
+        _WINDOW_NAMES.update(r.get("windows") or r["windows_name"] for r in records)
+        records = [r for r in records if "quantity" in r]
         problems += quantity_conflicts(_SEEN, records, item.parent.name)
         if not _HIDDEN_TAGS & set(tags):
             problems += unnamed_quantities(outputs, records, _WINDOW_NAMES)

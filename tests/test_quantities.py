@@ -98,7 +98,7 @@ def test_a_quantity_printed_without_its_windows_fails():
     names = {r["windows"]}
     assert pages.unnamed_quantities([_stream(r["text"] + "\n")], [r], names) == []
     assert pages.unnamed_quantities([_stream("val loss 2.96 on 128 spread validation windows\n")], [], names) == []
-    assert pages.unnamed_quantities([_stream("step 50: val loss 3.1 (the training history's eval batches)")],
+    assert pages.unnamed_quantities([_stream("step 50: val loss 3.1 (the training history's evaluations)")],
                                     [], set()) == []
     for line in ("attn-only-2l val loss 3.58", "ICL score -0.74", "second copy 0.33 nats",
                  "best layer-1 prefix matching: 0.91", "in-context-learning score -0.5"):
@@ -106,5 +106,22 @@ def test_a_quantity_printed_without_its_windows_fails():
     html = {"output_type": "display_data", "data": {"text/html": "<table><tr><td>2L: ICL score</td><td>-0.565</td>"
                                                                  "</tr></table>", "text/plain": "<HTML>"}}
     assert len(pages.unnamed_quantities([html], [], names)) == 1
+    table = "before and after, in the training history's evaluations:\nICL score -0.3 -0.5\n\nICL score -0.3"
+    assert len(pages.unnamed_quantities([_stream(table)], [], set())) == 1  # the header ends at a blank line
     # a reported line with an unreported mention beside it still fails
     assert len(pages.unnamed_quantities([_stream(r["text"] + "; ICL score -0.7")], [r], set())) == 1
+
+
+def test_the_across_runs_rows_name_the_windows_their_numbers_are_measured_on():
+    from attncircuits import ModelConfig, Transformer
+    from attncircuits.train import replicate
+
+    model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_vocab=300, n_ctx=128))
+    assert Q.repeated_tokens(model).name == replicate.REPEATED_NAME
+    assert Q.default_windows("prefix matching", model).name == replicate.PROBE_NAME
+    labels = [row[0] for row in replicate.ACROSS_RUNS]
+    for label in labels:
+        named = Q.mentions(label)
+        assert not named or any(n in label for n in (replicate.REPEATED_NAME, replicate.PROBE_NAME,
+                                                     Q.sample_name(Q.LOSS_WINDOWS),
+                                                     Q.sample_name(Q.ICL_WINDOWS))), label

@@ -10,7 +10,8 @@ A page reports a quantity in two lines::
 ``Q.measure(quantity, model, name, windows=None, condition="", head=None, **forward_kwargs)``
 returns a :class:`Measured` (``.value``, ``.se``, ``.windows``); printing it (``str``, or
 ``f"{icl}"``) gives the one line "<quantity> of <model> on <windows>: value ± se unit", wrapped at
-the book's 79 columns. Other windows are named, never implied: pass ``windows=`` from
+the book's 79 columns; :func:`table` prints several models' quantities under one header that
+names the windows. Other windows are named, never implied: pass ``windows=`` from
 :func:`validation_sample` (another count of validation windows) or :func:`repeated_tokens`
 (another batch of random tokens), and a changed model says how in ``condition`` ("induction heads
 ablated"). A value the training history recorded is :func:`from_history`, on the windows it was
@@ -36,7 +37,8 @@ The quantities (:data:`QUANTITIES`), each a mean over rows with its standard err
 Every line printed is recorded (:data:`REPORTED`), and appended as one JSON line to the file that
 ``ATTNCIRCUITS_QUANTITY_LOG`` names: the notebook run (``tests/notebook_pages.py``) fails when two
 pages print different values of the same quantity of the same model on the same windows, and
-when a page names a quantity (:data:`MENTIONS`) in a line that names no windows.
+when a page names a quantity (:data:`MENTIONS`) in a line that names no windows (the names of
+every :class:`Windows` made so far, and :data:`HISTORY_WINDOWS`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from attncircuits.analysis.scores import prefix_matching_scores
 from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.core.heads import head_name
 
-__all__ = ["HISTORY_WINDOWS", "ICL_WINDOWS", "LOSS_WINDOWS", "MENTIONS", "QUANTITIES", "Measured", "Windows", "from_history",
+__all__ = ["HISTORY_WINDOWS", "ICL_WINDOWS", "LOSS_WINDOWS", "MENTIONS", "QUANTITIES", "Measured", "Windows", "from_history", "per_token_loss", "sample_name", "spread", "table",
            "measure", "repeated_tokens", "validation_sample"]
 
 LOG_ENV = "ATTNCIRCUITS_QUANTITY_LOG"
@@ -71,6 +73,9 @@ class Windows:
     name: str
     tokens: Tensor | None  # [rows, pos]; None for windows only a record describes (the history's)
     seq_len: int = 0  # random tokens: the length of one copy
+
+    def __post_init__(self):  # a line may name these windows from now on (tests/notebook_pages.py)
+        _log({"windows_name": self.name})
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ LOSS_WINDOWS = 128
 ICL_WINDOWS = 1024
 
 #: what a value read from a training history is measured on (random validation windows per evaluation)
-HISTORY_WINDOWS = "the training history's eval batches"
+HISTORY_WINDOWS = "the training history's evaluations"
 #: every line printed in this process, as its record
 REPORTED: list[dict] = []
 
@@ -110,12 +115,23 @@ REPORTED: list[dict] = []
 def validation_sample(n: int, n_ctx: int = 128, directory=None) -> Windows:
     """``n`` validation windows of ``n_ctx`` tokens spread evenly over the split (of the corpus of the
     models in use, or ``directory``): the loss's 128 and the ICL score's 1024 are two of them."""
-    every = validation_windows(n_ctx=n_ctx, directory=directory)
-    if n == LOSS_WINDOWS or n >= len(every):
-        tokens = validation_windows(min(n, len(every)), n_ctx, directory)
-    else:  # every k-th window from the first: the ICL score's selection since chapter 7
-        tokens = every[:: len(every) // n][:n]
-    return Windows(f"{len(tokens)} spread validation windows", tokens)
+    return spread(validation_windows(n_ctx=n_ctx, directory=directory), n)
+
+
+def spread(windows: Tensor, n: int) -> Windows:
+    """``n`` of ``windows`` (every window of a split) spread evenly over them, named by
+    :func:`sample_name`: the loss's 128 evenly spaced from first to last (chapter 1's), any other
+    count every k-th window from the first (the ICL score's selection since chapter 7)."""
+    if n == LOSS_WINDOWS or n >= len(windows):
+        tokens = windows[torch.linspace(0, len(windows) - 1, min(n, len(windows))).long()]
+    else:
+        tokens = windows[:: len(windows) // n][:n]
+    return Windows(sample_name(len(tokens)), tokens)
+
+
+def sample_name(n: int) -> str:
+    """The name of ``n`` validation windows spread over the split."""
+    return f"{n} spread validation windows"
 
 
 def repeated_tokens(model, seq_len: int | None = None, n_repeats: int = 2, batch_size: int = 16,
@@ -166,9 +182,45 @@ class Measured:
         return str(self) if not spec else format(self.value, spec)
 
 
+def table(measures: list[Measured], extra: dict[str, dict[str, str]] | None = None) -> str:
+    """Several models' quantities as one table: a column a quantity, a row a model, the windows
+    named above it (each column's when they differ); ``extra`` adds columns of text the page
+    computed, ``{header: {model: cell}}``. Every value is recorded as :func:`measure`'s lines are."""
+    cols = list(dict.fromkeys(m.quantity for m in measures))
+    rows = list(dict.fromkeys(m.model + (f" ({m.condition})" if m.condition else "") for m in measures))
+    cell = {(m.model + (f" ({m.condition})" if m.condition else ""), m.quantity): m for m in measures}
+    where = {q: next(m.windows for m in measures if m.quantity == q) for q in cols}
+    units = {QUANTITIES[q].unit for q in cols}
+    unit = f", {units.pop()}" if len(units) == 1 and "" not in units else ""
+    if len(set(where.values())) == 1:
+        head = [f"on {next(iter(where.values()))}{unit} (± s.e.):"]
+    else:
+        head = [f"{q} on {w}{unit} (± s.e.):" for q, w in where.items()]
+    head = [part for line in head for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
+    extra = extra or {}
+    width = max(map(len, rows))
+    def fmt(m):
+        spec = QUANTITIES[m.quantity]
+        se = f" ± {m.se:.{m.digits}f}" if m.se is not None else ""
+        return f"{m.value:{spec.sign}.{m.digits}f}{se}"
+    lines = head + [f"{'':<{width}}" + "".join(f"  {c:>{max(len(c), 12)}}" for c in (*cols, *extra))]
+    for r in rows:
+        cells = [fmt(cell[r, q]) if (r, q) in cell else "-" for q in cols]
+        cells += [extra[e].get(r, "-") for e in extra]
+        lines.append(f"{r:<{width}}" + "".join(f"  {x:>{max(len(c), 12)}}" for x, c in zip(cells, (*cols, *extra))))
+    text = "\n".join(lines)
+    for m in measures:
+        _record(m, text)
+    return text
+
+
 def _record(m: Measured, text: str) -> None:
     row = {**asdict(m), "text": text}
     REPORTED.append(row)
+    _log(row)
+
+
+def _log(row: dict) -> None:
     path = os.environ.get(LOG_ENV)
     if path:
         with open(path, "a") as f:
@@ -181,20 +233,42 @@ def _mean_se(rows: Tensor) -> tuple[float, float]:
     return rows.mean().item(), se
 
 
+_NLL: dict = {}  # (id(model), windows, weights' checksum) -> per-token loss, intact models only
+
+
+def _fingerprint(model) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
 @torch.no_grad()
-def per_row(quantity: str, model, windows: Windows, head=None, **forward_kwargs) -> Tensor:
+def per_token_loss(model, windows: Windows, cached: bool = True, **forward_kwargs) -> Tensor:
+    """The per-token loss ``[row, pos - 1]`` on ``windows`` that the loss and ICL score average (kept
+    for an intact model, so a page that also draws it, and a second quantity, cost no second pass;
+    ``cached=False`` for a model changed by hooks around the call)."""
+    if forward_kwargs or not cached:
+        return losses.per_token_loss(model, windows.tokens, **forward_kwargs)
+    key = (id(model), windows.name, _fingerprint(model))
+    if key not in _NLL:
+        if len(_NLL) > 16:
+            _NLL.clear()
+        _NLL[key] = losses.per_token_loss(model, windows.tokens)
+    return _NLL[key]
+
+
+@torch.no_grad()
+def per_row(quantity: str, model, windows: Windows, head=None, cached: bool = True, **forward_kwargs) -> Tensor:
     """The quantity on each row of ``windows`` (its mean is :func:`measure`'s value)."""
     tokens = windows.tokens
     if tokens is None:
         raise ValueError(f"{windows.name} keep no tokens to measure on; use from_history for its values")
     if quantity == "validation loss":
-        return losses.per_token_loss(model, tokens, **forward_kwargs).mean(1)
+        return per_token_loss(model, windows, cached, **forward_kwargs).mean(1)
     if quantity == "ICL score":
-        return losses.icl_scores_per_row(losses.per_token_loss(model, tokens, **forward_kwargs), model.cfg.n_ctx)
+        return losses.icl_scores_per_row(per_token_loss(model, windows, cached, **forward_kwargs), model.cfg.n_ctx)
     L = windows.seq_len
     if quantity in ("first-copy loss", "second-copy loss"):
         c = 0 if quantity == "first-copy loss" else 1
-        nll = losses.per_token_loss(model, tokens, **forward_kwargs)
+        nll = per_token_loss(model, windows, cached, **forward_kwargs)
         return nll[:, c * L + 1: (c + 1) * L].mean(1)  # as RepeatedLossCurve.copy_means
     if quantity == "prefix matching":
         if head is None:
@@ -216,7 +290,7 @@ def measure(quantity: str, model, name: str, windows: Windows | None = None, con
     if forward_kwargs and not condition:
         raise ValueError(f"{quantity} of a changed model ({', '.join(forward_kwargs)}) needs condition= to say how")
     windows = windows if windows is not None else default_windows(quantity, model)
-    value, se = _mean_se(per_row(quantity, model, windows, head, **forward_kwargs))
+    value, se = _mean_se(per_row(quantity, model, windows, head, not condition, **forward_kwargs))
     if head is not None:
         name = f"{name} {head_name(*head)}"
     return Measured(quantity, name, windows.name, value, se, condition, digits)
@@ -229,7 +303,7 @@ _HISTORY_KEYS = {"validation loss": "val_loss", "ICL score": "icl_score"}
 def from_history(quantity: str, history: dict, name: str, step: int | None = None, digits: int = 2) -> Measured:
     """``quantity`` as the training history recorded it at ``step`` (default: the last evaluation),
     on the windows it was measured on: the history's eval batches, random validation windows drawn
-    at each evaluation (means only, so no standard error)."""
+    at each evaluation and random tokens repeated (means only, so no standard error)."""
     key = _HISTORY_KEYS.get(quantity)
     if key is None:
         raise ValueError(f"the training history records {', '.join(_HISTORY_KEYS)}, not {quantity!r}")
