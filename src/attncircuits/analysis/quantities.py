@@ -18,6 +18,13 @@ ablated"). A value the training history recorded is :func:`from_history`, on the
 measured on. A page that states a quantity in its own words names the windows in the same line
 (``windows.name``), so that the reader can tell two numbers apart.
 
+A page with its own models and windows (a family of models, a model trained on the page) does the
+same: ``w = Q.Windows("the family's 256 eval windows", tokens)`` once, then
+``print(Q.measure("ICL score", member, "fam-3l", w))`` for each member. ``name`` is the key the
+check below compares across pages, so two different models never share a name in one book run.
+A new quantity is one entry of :data:`QUANTITIES`, one of :data:`MENTIONS` and one branch of
+:func:`per_row`.
+
 The quantities (:data:`QUANTITIES`), each a mean over rows with its standard error
 ``std / sqrt(rows)`` (rows: windows of text, or rows of random tokens):
 
