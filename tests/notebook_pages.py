@@ -32,6 +32,7 @@ made-up outputs without running a notebook.
 from __future__ import annotations
 
 import base64
+import html as htmllib
 import json
 import os
 import re
@@ -156,6 +157,8 @@ def failed_progress_bars(outputs: Iterable[dict], messages: Iterable[dict]) -> l
 #: coarser one's last digit (0.5: both round to one value; same inputs give the same value anyway)
 QUANTITY_TOLERANCE = 0.5
 _TAG = re.compile(r"<[^>]+>")
+#: a row of the reproduces page's table of claims across runs: "<chapter file> <claim> <values>"
+_CLAIM_ROW = re.compile(r"^(\d\d_[a-z0-9_]+|reproduces) ")
 
 
 def _printed_lines(outputs: Iterable[dict]) -> list[str]:
@@ -177,7 +180,7 @@ def _printed_lines(outputs: Iterable[dict]) -> list[str]:
             html = data["text/html"]
             html = "".join(html) if isinstance(html, list) else html
             html = re.sub(r"</(tr|p|div|li|h\d)>|<br\s*/?>", "\n", html, flags=re.I)
-            text = _TAG.sub(" ", html)
+            text = htmllib.unescape(_TAG.sub(" ", html))
         elif out.get("output_type") in ("execute_result", "display_data") and not any(k in data for k in _RICH):
             text = data.get("text/plain", "")
         else:
@@ -201,6 +204,8 @@ def unnamed_quantities(outputs: Iterable[dict], reported: Iterable[dict], window
         rest = line
         for o in own:
             rest = rest.replace(o, " ")
+        if _CLAIM_ROW.match(line):
+            continue  # a chapter's claim as the claims-across-runs table quotes it: its chapter's windows
         has_name = any(n in line for n in names)
         header = bool(line) and (header or (has_name and line.endswith(":")))
         named = mentions(rest)
@@ -210,6 +215,9 @@ def unnamed_quantities(outputs: Iterable[dict], reported: Iterable[dict], window
     return found
 
 
+_PAGES: dict = {}  # (quantity, model, windows, condition) -> the pages that printed it
+
+
 def quantity_conflicts(seen: dict, records: Iterable[dict], page: str) -> list[str]:
     """Records that give a (quantity, model, windows, condition) another value than one printed
     before (in ``seen``, which this updates: key -> (value, digits, page))."""
@@ -217,6 +225,7 @@ def quantity_conflicts(seen: dict, records: Iterable[dict], page: str) -> list[s
     for r in records:
         key = (r["quantity"], r["model"], r["windows"], r.get("condition", ""))
         digits = r["digits"]
+        _PAGES.setdefault(key, set()).add(page)
         if key in seen:
             value, d, where = seen[key]
             tol = QUANTITY_TOLERANCE * 10.0 ** -min(d, digits) + 1e-9
@@ -292,6 +301,17 @@ def _checked(item, max_width: float):
             pytest.fail(f"cell {item.cell_num} of {item.parent.name}, as the book shows it:\n  " + "\n  ".join(problems))
 
     return run_and_check
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every quantity the pages printed, once, with the pages that printed it (the first value)."""
+    if not _SEEN:
+        return
+    terminalreporter.section("quantities the pages printed")
+    for key, (value, digits, _) in sorted(_SEEN.items()):
+        cond = f" ({key[3]})" if key[3] else ""
+        pages = ", ".join(sorted(_PAGES.get(key, ())))
+        terminalreporter.write_line(f"{key[0]} of {key[1]}{cond} on {key[2]}: {value:.{digits}f}  [{pages}]")
 
 
 def pytest_configure(config):

@@ -108,6 +108,9 @@ def test_a_quantity_printed_without_its_windows_fails():
     assert len(pages.unnamed_quantities([html], [], names)) == 1
     table = "before and after, in the training history's evaluations:\nICL score -0.3 -0.5\n\nICL score -0.3"
     assert len(pages.unnamed_quantities([_stream(table)], [], set())) == 1  # the header ends at a blank line
+    esc = {"output_type": "display_data", "data": {"text/html": "<tr><td>ICL score in the training history&#x27;s "
+                                                                "evaluations</td></tr>", "text/plain": "<HTML>"}}
+    assert pages.unnamed_quantities([esc], [], set()) == []  # HTML entities are read as the reader reads them
     # a reported line with an unreported mention beside it still fails
     assert len(pages.unnamed_quantities([_stream(r["text"] + "; ICL score -0.7")], [r], set())) == 1
 
