@@ -14,7 +14,15 @@
 * a figure too wide to stay legible: the book shows a figure at its own size, scaled down to the
   column when it is wider, so the package's smallest figure text (``SMALL_PT`` at ``DPI``, from
   :mod:`attncircuits.show.plotting`) must stay at least ``MIN_TEXT_PX`` on screen, which bounds the
-  width of every PNG a cell shows (:func:`max_legible_width`).
+  width of every PNG a cell shows (:func:`max_legible_width`);
+* a quantity the book reports on several pages (:mod:`attncircuits.analysis.quantities`: the
+  validation loss, the ICL score, the first- and second-copy loss, prefix matching) named in a
+  printed line (or an HTML table's row) that names no windows: a line printed by a
+  ``quantities.Measured`` names them, another line must name one of the windows reported so far;
+* the same quantity of the same model on the same windows (and under the same condition) printed
+  with two values, on this page or an earlier one of the run: the values may differ by no more
+  than :data:`QUANTITY_TOLERANCE` times a unit of the last printed digit of the coarser of the two
+  (their roundings then agree), so a page that measures on other windows must name them.
 
 Cells whose output the book removes (tags ``remove-output``, ``remove-cell``) are not checked.
 The checks are plain functions of the outputs, so ``tests/test_notebook_pages.py`` tests them on
@@ -24,7 +32,11 @@ made-up outputs without running a notebook.
 from __future__ import annotations
 
 import base64
+import html as htmllib
+import json
+import os
 import re
+import tempfile
 import unicodedata
 from typing import Iterable
 
@@ -141,6 +153,90 @@ def failed_progress_bars(outputs: Iterable[dict], messages: Iterable[dict]) -> l
     return found
 
 
+#: two printed values of one quantity agree when they differ by at most this many units of the
+#: coarser one's last digit (0.5: both round to one value; same inputs give the same value anyway)
+QUANTITY_TOLERANCE = 0.5
+_TAG = re.compile(r"<[^>]+>")
+#: a row of the reproduces page's table of claims across runs: "<chapter file> <claim> <values>"
+_CLAIM_ROW = re.compile(r"^(\d\d_[a-z0-9_]+|reproduces) ")
+
+
+def _printed_lines(outputs: Iterable[dict]) -> list[str]:
+    """What a reader reads: printed lines, plain-text results, and HTML (a table row a line)."""
+    lines, merged = [], []
+    for out in outputs:  # consecutive prints arrive as several stream outputs: one text
+        if merged and out.get("output_type") == "stream" and merged[-1].get("output_type") == "stream":
+            text = merged[-1]["text"]
+            more = out.get("text", "")
+            merged[-1] = {**merged[-1], "text": ("".join(text) if isinstance(text, list) else text)
+                          + ("".join(more) if isinstance(more, list) else more)}
+        else:
+            merged.append(out)
+    for out in merged:
+        data = out.get("data", {})
+        if out.get("output_type") == "stream":
+            text = out.get("text", "")
+        elif "text/html" in data:
+            html = data["text/html"]
+            html = "".join(html) if isinstance(html, list) else html
+            html = re.sub(r"</(tr|p|div|li|h\d)>|<br\s*/?>", "\n", html, flags=re.I)
+            text = htmllib.unescape(_TAG.sub(" ", html))
+        elif out.get("output_type") in ("execute_result", "display_data") and not any(k in data for k in _RICH):
+            text = data.get("text/plain", "")
+        else:
+            continue
+        text = "".join(text) if isinstance(text, list) else text
+        lines += [" ".join(line.split()) for line in _visible_lines(text)] + [""]
+    return lines
+
+
+def unnamed_quantities(outputs: Iterable[dict], reported: Iterable[dict], window_names: Iterable[str]) -> list[str]:
+    """Lines that name a quantity (``quantities.MENTIONS``) but none of ``window_names``, leaving out
+    the lines that ``reported`` (``quantities.Measured`` records) printed. A line that names windows
+    and ends with ":" heads the lines below it, up to an empty line (a table under its header)."""
+    from attncircuits.analysis.quantities import mentions
+    own = {" ".join(line.split()) for r in reported for line in r["text"].splitlines()}
+    from attncircuits.analysis.quantities import HISTORY_WINDOWS
+
+    names = [n for n in (*window_names, HISTORY_WINDOWS) if n]
+    found, header = [], False
+    for line in _printed_lines(outputs):
+        rest = line
+        for o in own:
+            rest = rest.replace(o, " ")
+        if _CLAIM_ROW.match(line):
+            continue  # a chapter's claim as the claims-across-runs table quotes it: its chapter's windows
+        has_name = any(n in line for n in names)
+        header = bool(line) and (header or (has_name and line.endswith(":")))
+        named = mentions(rest)
+        if named and not has_name and not header:
+            found.append(f"{', '.join(named)} printed without its windows: {line[:70]!r} (print a "
+                         "quantities.measure(...) or name the windows, quantities' docstring)")
+    return found
+
+
+_PAGES: dict = {}  # (quantity, model, windows, condition) -> the pages that printed it
+
+
+def quantity_conflicts(seen: dict, records: Iterable[dict], page: str) -> list[str]:
+    """Records that give a (quantity, model, windows, condition) another value than one printed
+    before (in ``seen``, which this updates: key -> (value, digits, page))."""
+    found = []
+    for r in records:
+        key = (r["quantity"], r["model"], r["windows"], r.get("condition", ""))
+        digits = r["digits"]
+        _PAGES.setdefault(key, set()).add(page)
+        if key in seen:
+            value, d, where = seen[key]
+            tol = QUANTITY_TOLERANCE * 10.0 ** -min(d, digits) + 1e-9
+            if abs(value - r["value"]) > tol:
+                found.append(f"{key[0]} of {key[1]} on {key[2]}{' (' + key[3] + ')' if key[3] else ''}: "
+                             f"{r['value']:.{digits}f} here, {value:.{d}f} in {where}")
+        else:
+            seen[key] = (r["value"], digits, page)
+    return found
+
+
 def cell_problems(outputs: list[dict], messages: list[dict], tags: Iterable[str], max_width: float) -> list[str]:
     if _HIDDEN_TAGS & set(tags):
         return []
@@ -156,6 +252,22 @@ def _book_max_width() -> float:
     from attncircuits.show.plotting import base
 
     return max_legible_width(base.COLUMN_PX, base.MIN_TEXT_PX, base.SMALL_PT, base.DPI)
+
+
+_SEEN: dict = {}  # (quantity, model, windows, condition) -> (value, digits, page), over the run
+_WINDOW_NAMES: set = set()
+
+
+def _new_quantity_records() -> list[dict]:
+    from attncircuits.analysis.quantities import LOG_ENV
+
+    path = os.environ.get(LOG_ENV)
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    open(path, "w").close()  # each cell reads its own
+    return rows
 
 
 def _checked(item, max_width: float):
@@ -177,11 +289,38 @@ def _checked(item, max_width: float):
         finally:
             del parent.get_kernel_message  # back to the class's method
         outputs = [dict(o) for o in (item.test_outputs or [])]
-        problems = cell_problems(outputs, messages, item.cell.metadata.get("tags", []), max_width)
+        tags = item.cell.metadata.get("tags", [])
+        problems = cell_problems(outputs, messages, tags, max_width)
+        records = _new_quantity_records()
+        _WINDOW_NAMES.update(r.get("windows") or r["windows_name"] for r in records)
+        records = [r for r in records if "quantity" in r]
+        problems += quantity_conflicts(_SEEN, records, item.parent.name)
+        if not _HIDDEN_TAGS & set(tags):
+            problems += unnamed_quantities(outputs, records, _WINDOW_NAMES)
         if problems:
             pytest.fail(f"cell {item.cell_num} of {item.parent.name}, as the book shows it:\n  " + "\n  ".join(problems))
 
     return run_and_check
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every quantity the pages printed, once, with the pages that printed it (the first value)."""
+    if not _SEEN:
+        return
+    terminalreporter.section("quantities the pages printed")
+    for key, (value, digits, _) in sorted(_SEEN.items()):
+        cond = f" ({key[3]})" if key[3] else ""
+        pages = ", ".join(sorted(_PAGES.get(key, ())))
+        terminalreporter.write_line(f"{key[0]} of {key[1]}{cond} on {key[2]}: {value:.{digits}f}  [{pages}]")
+
+
+def pytest_configure(config):
+    """The kernels nbval starts inherit this environment: every quantity a page prints is logged."""
+    from attncircuits.analysis.quantities import LOG_ENV
+
+    fd, path = tempfile.mkstemp(prefix="quantities-", suffix=".jsonl")
+    os.close(fd)
+    os.environ[LOG_ENV] = path
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -3,7 +3,10 @@ with its spread; a run that has not trained a model shows "-" there."""
 
 import json
 
-from attncircuits.train.replicate import ACROSS_RUNS, across_runs, committed_results
+from attncircuits.analysis.quantities import LOSS_WINDOWS, sample_name
+from attncircuits.train.replicate import ACROSS_RUNS, PROBE_NAME, across_runs, committed_results
+
+LOSS = f"validation loss on {sample_name(LOSS_WINDOWS)}"
 
 
 def _two_layer(prev, ind, k_writer_is_prev, loss):
@@ -20,11 +23,11 @@ def test_rows_compare_runs_and_leave_out_what_a_run_lacks():
             "seed 1": {"attn-only-2l": _two_layer("0.1", {"1.1": 0.92, "1.3": 0.9}, False, 3.06)}}
     rows = {r[0]: r[1:] for r in across_runs(runs)}
     assert len(rows) == len(ACROSS_RUNS)
-    assert rows["validation loss, 2 layers"] == ("2.96", "3.06", "0.10")  # one precision per row
-    assert rows["validation loss, 0 layers"] == ("3.92", "-", "-")
+    assert rows[f"{LOSS}, 2 layers"] == ("2.96", "3.06", "0.10")  # one precision per row
+    assert rows[f"{LOSS}, 0 layers"] == ("3.92", "-", "-")
     assert rows["2L: previous-token head"] == ("0.2", "0.1", "2 different")
     assert rows["2L: how many"] == ("2", "2", "same in all 2")
-    assert rows["2L: induction heads (prefix matching > 0.3)"] == ("1.0, 1.3", "1.1, 1.3", "2 different")
+    assert rows[f"2L: induction heads (prefix matching > 0.3 on {PROBE_NAME})"] == ("1.0, 1.3", "1.1, 1.3", "2 different")
     assert rows["2L: the K-writer is the previous-token head"] == ("yes", "no", "2 different")
     assert rows["1L: copying heads (of 4)"] == ("-", "-", "-")
 

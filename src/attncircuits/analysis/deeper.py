@@ -167,7 +167,7 @@ class ExpansionGap:
     """How far the attention-only path expansion (direct path + heads, no MLP terms) is from the
     real logits of a model with MLPs, on the same tokens (nats per token; logits scaled alike)."""
 
-    loss: float  # the model's real next-token loss
+    loss: float  # the folded model's next-token loss (the model's own only where folding is exact)
     loss_attention_only: float  # the loss of the frozen-scale sum without the MLP terms
     loss_direct: float  # the loss of the direct path alone (embeddings, biases)
     logit_error: float  # mean |attention-only logit - real logit| / mean |real logit - its mean|

@@ -34,6 +34,7 @@ from attncircuits.checkpoints.pretrained import (
     load_validation_tokens,
     validation_windows,
 )
+from attncircuits.analysis.quantities import HISTORY_WINDOWS
 from attncircuits.core import validate
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.parts import loss_fn
@@ -224,6 +225,7 @@ class LiveRun:
         when = f"formed at step {self.formed_step:,}" if self.reached else "not formed"
         return (f"heads {when}; {last['step']:,} steps in {self.wall_s:.0f} s "
                 f"(+{self.prep_s:.0f} s data), {self.tokens_per_s:,.0f} tokens/s\n"
+                f"at the last of {HISTORY_WINDOWS}:\n"
                 f"prefix matching {last['prefix_matching']:.2f}, previous token "
                 f"{last['prev_token']:.2f}, copies {last['first']:.2f} -> {last['second']:.2f} nats")
 

@@ -27,12 +27,11 @@ from pathlib import Path
 import torch
 
 from attncircuits.analysis.circuits import composition_scores, copying_summary
-from attncircuits.analysis.losses import icl_scores_per_row, per_token_loss, repeated_token_loss
+from attncircuits.analysis import quantities as Q
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.checkpoints.pretrained import is_checkpoint_dir, load_checkpoint, validation_windows
 from attncircuits.core.heads import head_name
-from attncircuits.models.parts import loss_fn
 from attncircuits.train.sets import ONE_EACH, default_lanes, train_set
 
 #: a layer-1 head is an induction head when its prefix-matching score is above this (the reproduces page's)
@@ -40,6 +39,10 @@ INDUCTION_THRESHOLD = 0.3
 #: a one-layer head copies when its OV eigenvalue share Σλ/Σ|λ| is above this and above every shuffle
 COPYING_THRESHOLD = 0.5
 REPO = Path(__file__).resolve().parents[3]
+#: the random tokens the across-runs rows are measured on (Q.repeated_tokens of a 128-token model; the
+#: detectors' probe for prefix matching)
+REPEATED_NAME = "16 rows of 63 random tokens x 2 (seed 0)"
+PROBE_NAME = "16 rows of 25 random tokens x 4 (seed 0)"
 
 
 def _r(x: float, nd: int = 4) -> float:
@@ -49,13 +52,11 @@ def _r(x: float, nd: int = 4) -> float:
 @torch.no_grad()
 def model_numbers(model, windows: torch.Tensor) -> dict:
     """The headline numbers of one model on ``windows`` (every validation window of its context)."""
-    n_ctx, H = model.cfg.n_ctx, model.cfg.n_heads
-    # the 128 windows spread over the split that chapter 1 and the reproduces page measure on
-    eval_batch = windows[torch.linspace(0, len(windows) - 1, min(128, len(windows))).long()]
-    out = {"val_loss": _r(loss_fn(model(eval_batch), eval_batch).item())}
-    text = windows[:: max(1, len(windows) // 1024)][:1024]
-    rows = icl_scores_per_row(per_token_loss(model, text), n_ctx)
-    out["icl_score"], out["icl_se"] = _r(rows.mean()), _r(rows.std() / math.sqrt(len(rows)))
+    H = model.cfg.n_heads
+    # the quantities' own windows (attncircuits.analysis.quantities), as every chapter measures them
+    val = Q.measure("validation loss", model, "", Q.spread(windows, Q.LOSS_WINDOWS))
+    icl = Q.measure("ICL score", model, "", Q.spread(windows, Q.ICL_WINDOWS))
+    out = {"val_loss": _r(val.value), "val_loss_se": _r(val.se), "icl_score": _r(icl.value), "icl_se": _r(icl.se)}
     if model.cfg.n_layers == 0:
         return out
     hs = head_scores(model, windows[:: max(1, len(windows) // 32)][:32])
@@ -66,8 +67,9 @@ def model_numbers(model, windows: torch.Tensor) -> dict:
     out["prefix_matching_max_per_layer"] = [_r(pm[layer].max()) for layer in range(model.cfg.n_layers)]
     out["induction_heads"] = {head_name(last, h): _r(pm[last, h]) for h in range(H)
                               if pm[last, h] > INDUCTION_THRESHOLD} if last > 0 else {}
-    rl = repeated_token_loss(model)
-    out["repeated_loss_first"], out["repeated_loss_second"] = _r(rl.first), _r(rl.second)
+    rep = Q.repeated_tokens(model)
+    out["repeated_loss_first"], out["repeated_loss_second"] = (
+        _r(Q.measure(q, model, "", rep).value) for q in ("first-copy loss", "second-copy loss"))
     if model.cfg.n_layers == 1:
         cs = copying_summary(model, 0)
         copying = (cs.eigen_score > COPYING_THRESHOLD) & (cs.eigen_score > cs.shuffled_max)
@@ -135,18 +137,23 @@ def _fmt_heads(heads) -> str:
 
 #: (finding, model, how to read it off the model's numbers, "number" or "label")
 ACROSS_RUNS = [
-    ("validation loss, 0 layers", "attn-only-0l", lambda m: m["val_loss"], "number"),
-    ("validation loss, 1 layer", "attn-only-1l", lambda m: m["val_loss"], "number"),
-    ("validation loss, 2 layers", "attn-only-2l", lambda m: m["val_loss"], "number"),
+    (f"validation loss on {Q.sample_name(Q.LOSS_WINDOWS)}, 0 layers", "attn-only-0l", lambda m: m["val_loss"],
+     "number"),
+    (f"validation loss on {Q.sample_name(Q.LOSS_WINDOWS)}, 1 layer", "attn-only-1l", lambda m: m["val_loss"],
+     "number"),
+    (f"validation loss on {Q.sample_name(Q.LOSS_WINDOWS)}, 2 layers", "attn-only-2l", lambda m: m["val_loss"],
+     "number"),
     ("1L: copying heads (of 4)", "attn-only-1l", lambda m: m["copying_heads"], "label"),
     ("2L: previous-token head", "attn-only-2l", lambda m: m["prev_token_head"], "label"),
     ("2L: its previous-token score", "attn-only-2l", lambda m: m["prev_token_score"], "number"),
-    ("2L: induction heads (prefix matching > 0.3)", "attn-only-2l", lambda m: _fmt_heads(m["induction_heads"]),
+    (f"2L: induction heads (prefix matching > 0.3 on {PROBE_NAME})", "attn-only-2l", lambda m: _fmt_heads(m["induction_heads"]),
      "label"),
     ("2L: how many", "attn-only-2l", lambda m: len(m["induction_heads"]), "label"),
-    ("2L: best prefix-matching score", "attn-only-2l", lambda m: m["prefix_matching_max_per_layer"][-1], "number"),
-    ("2L: loss on the second copy of random tokens", "attn-only-2l", lambda m: m["repeated_loss_second"], "number"),
-    ("2L: ICL score, token 125 - token 12 (nats)", "attn-only-2l", lambda m: m["icl_score"], "number"),
+    (f"2L: best prefix-matching score on {PROBE_NAME}", "attn-only-2l",
+     lambda m: m["prefix_matching_max_per_layer"][-1], "number"),
+    (f"2L: second-copy loss on {REPEATED_NAME}", "attn-only-2l", lambda m: m["repeated_loss_second"], "number"),
+    (f"2L: ICL score on {Q.sample_name(Q.ICL_WINDOWS)}, token 125 - token 12 (nats)", "attn-only-2l",
+     lambda m: m["icl_score"], "number"),
     ("2L: strongest K-composition", "attn-only-2l",
      lambda m: f"{m['top_k_composition']['writer']} → {m['top_k_composition']['reader']}", "label"),
     ("2L: its score above random (std)", "attn-only-2l", lambda m: m["top_k_composition"]["z"], "number"),
