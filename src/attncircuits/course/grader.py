@@ -232,7 +232,8 @@ class Grader:
                  f"{cc.FAITHFUL:.2f})"]
         if fails:
             lines += [f"✗ {f}" for f in fails]
-            lines.append(f"✗ not yet: {len(fails)} part{'s' * (len(fails) > 1)} fail; the named heads "
+            lines.append(f"✗ not yet: {len(fails)} "
+                         f"{'part fails' if len(fails) == 1 else 'parts fail'}; the named heads "
                          f"explain {max(faith, 0):.0%} of the task")
         else:
             lines.append("✓ passes: every role, composition and ablation checks out")
