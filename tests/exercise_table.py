@@ -1,4 +1,4 @@
-"""A table of answers to the 50 exercise checks: wrong answers, each with the words its message
+"""A table of answers to the 51 exercise checks: wrong answers, each with the words its message
 must contain, and correct answers written another way, which must pass.
 
 Every wrong answer is one of two message classes: ``named`` (the message names the mistake) or
@@ -29,6 +29,8 @@ import torch
 import exercise_table_edges
 
 from attncircuits.course.exercises.make_learner import chapters
+from attncircuits.analysis.circuit_check import model_grammar
+from attncircuits.analysis.circuits import full_ov_circuit
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = [path.stem for path in chapters(ROOT)]  # the one chapter list: _toc.yml's
@@ -946,7 +948,7 @@ def _hyp(model, heads, comps=()):
 
 M2 = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
 C = "ch12.check_mystery_2"
-wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}), "add -", "named")
+wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}), "add nothing", "named")
 wrong(C, "copying heads", _hyp("mystery-2", {k: "copying" for k in M2}), "as copying: score", "named")
 wrong(C, "previous-token heads", _hyp("mystery-2", {k: "previous-token" for k in M2}), "as previous-token: score",
       "named")
@@ -957,6 +959,39 @@ wrong(C, "no dict", lambda: [("0.0", "skip-trigram")], "should return a hypothes
 right(C, "the two skip-trigram heads", _hyp("mystery-2", M2))
 right(C, "heads as pairs, no compositions key", lambda: {"model": "mystery-2", "heads": {(0, 0): "skip-trigram",
                                                                                        (0, 1): "skip-trigram"}})
+
+def _grammar_rows(change):
+    """The reference grammar of mystery 2, changed."""
+    return lambda model, task: change(solutions()["grammar_2"](model, task), model, task)
+
+
+def _trigger_paths_only(model, task):
+    answers = torch.tensor(task.answer_tokens)
+    ov = sum(full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads))
+    return answers[ov[task.triggers][:, answers].argmax(-1)].expand(len(task.cues), -1).clone()
+
+
+def _direct_path_only(model, task):
+    answers = torch.tensor(task.answer_tokens)
+    direct = (model.W_E @ model.W_U)[task.cues][:, answers].argmax(-1)
+    return answers[direct][:, None].expand(-1, len(task.triggers)).clone()
+
+
+C = "ch12.check_grammar_2"
+wrong(C, "the task's own table", lambda model, task: task.table(), "the task's own table", "named")
+wrong(C, "indices into the answers", _grammar_rows(lambda g, m, t: g - t.answer_tokens[0]),
+      "indices into the answer tokens", "named")
+wrong(C, "the trigger's paths alone", _trigger_paths_only, "trigger's OV rows alone", "named")
+wrong(C, "the direct path alone", _direct_path_only, "entries differ")
+wrong(C, "transposed", _grammar_rows(lambda g, m, t: g.T), "transposed")
+wrong(C, "the cues swapped", _grammar_rows(lambda g, m, t: g.flip(0)), "entries differ")
+wrong(C, "the triggers in reverse", _grammar_rows(lambda g, m, t: g.flip(1)), "entries differ")
+wrong(C, "token 0 everywhere", lambda model, task: torch.zeros(2, 6, dtype=torch.long), "all zeros")
+right(C, "the model's answers on the task's rows", lambda model, task: model_grammar(model, task))
+right(C, "the sum of paths on BOS, trigger, cue", _grammar_rows(lambda g, m, t: g))
+wrong(C, "a list of lists", _grammar_rows(lambda g, m, t: g.tolist()), "should be a torch.Tensor", "rejected")
+wrong(C, "the answers as floats", _grammar_rows(lambda g, m, t: g.float()), "dtype torch.float32")
+wrong(C, "the answers as int32 ids", _grammar_rows(lambda g, m, t: g.int()), "dtype torch.int32")
 
 M3 = {"0.0": "previous-token", "0.1": "previous-token", "0.2": "previous-token", "0.3": "previous-token",
       "1.0": "duplicate-token", "1.1": "duplicate-token", "1.3": "duplicate-token"}
@@ -1006,7 +1041,7 @@ def outcome(row: Row) -> tuple[str, str]:
 
 
 def reference_rows() -> list[Row]:
-    """One right answer per check (the first in the table): the 50 checks on the reference solutions."""
+    """One right answer per check (the first in the table): the 51 checks on the reference solutions."""
     first: dict[str, Row] = {}
     for row in ROWS:
         if row.expect == "pass":

@@ -190,7 +190,7 @@ def test_at_least_ten_wrong_hypotheses_each_fail_saying_what_was_measured(name, 
         result = grader.grade(h, show=False)
         assert not result.passed, f"{name}: the wrong hypothesis '{label}' passes"
         assert result.failures and all(any(ch.isdigit() for ch in f) for f in result.failures), (label, result.failures)
-        assert result.lines[-1].startswith("✗ not yet:") and "% of the task" in result.lines[-1], result.lines
+        assert result.lines[-1].startswith("✗ not yet:") and "explain " in result.lines[-1] and " of the task" in result.lines[-1], result.lines
 
 
 def test_a_wrong_hypothesis_is_told_what_fails_not_the_answer():

@@ -298,3 +298,26 @@ def describe_ground_truth(truth: dict) -> str:
     comps = ", ".join(f"{w}->{r} {k}" for w, r, k in truth["compositions"]) or "none"
     return (f"accuracy {truth['accuracy']:.3f}; circuit: {heads}; compositions: {comps}; "
             f"faithfulness {truth['faithfulness']:.2f}, completeness {truth['completeness']:.2f}")
+
+
+def model_grammar(model, task, n_rows: int = 32, seed: int = 5) -> Tensor:
+    """``[n_cues, n_triggers]``: the answer token the model gives after each cue in a row holding
+    each trigger (exercise 12.4), read from the model, not from the task's own table. Each
+    (cue, trigger) pair is set into ``n_rows`` of the task's rows (their trigger and their first
+    cue replaced; the earlier tokens only, so no answer of another pair precedes it), and the
+    answer token the model ranks first there most often is the pair's."""
+    batch = task.batch(n_rows, seed=seed)
+    rows = torch.arange(n_rows)
+    trig_pos = torch.isin(batch.tokens, torch.tensor(task.triggers)).int().argmax(-1)
+    cue_pos = batch.scored.int().argmax(-1)
+    answers = torch.tensor(task.answer_tokens)
+    out = torch.zeros(len(task.cues), len(task.triggers), dtype=torch.long)
+    for i, cue in enumerate(task.cues):
+        for j, trig in enumerate(task.triggers):
+            tokens = batch.tokens.clone()
+            tokens[rows, trig_pos], tokens[rows, cue_pos] = trig, cue
+            with torch.no_grad():
+                logits = model.forward_checked(tokens)[rows, cue_pos]
+            picks = logits[:, answers].argmax(-1)
+            out[i, j] = answers[picks.bincount(minlength=len(answers)).argmax()]
+    return out

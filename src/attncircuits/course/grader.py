@@ -217,7 +217,9 @@ class Grader:
         for role, share in shares.items():
             if share < cc.NEEDED:
                 named = ", ".join(head_name(*h) for h, x in sorted(hyp.heads.items()) if x == role)
-                fails.append(f"needed: the {role} heads ({named}) add {share:.0%} of the task, needs "
+                adds = (f"add {share:.0%}" if share >= 0.005 else "add nothing" if share > -0.005
+                        else f"add nothing (the rest does {-share:.0%} better without them)")
+                fails.append(f"needed: the {role} heads ({named}) {adds} of the task, needs "
                              f"{cc.NEEDED:.0%} (chapter 6's ablations)")
         faith, comp = ab.faithfulness(hyp.heads), ab.completeness(hyp.heads)
         if faith < cc.FAITHFUL:
@@ -232,9 +234,10 @@ class Grader:
                  f"{cc.FAITHFUL:.2f})"]
         if fails:
             lines += [f"✗ {f}" for f in fails]
+            explain = f"{faith:.0%}" if faith > 0 else "none"
             lines.append(f"✗ not yet: {len(fails)} "
                          f"{'part fails' if len(fails) == 1 else 'parts fail'}; the named heads "
-                         f"explain {max(faith, 0):.0%} of the task")
+                         f"explain {explain} of the task")
         else:
             lines.append("✓ passes: every role, composition and ablation checks out")
         return Grade(not fails, faith, comp, fails, lines)

@@ -1,8 +1,10 @@
-"""Checks for chapter 12 (Mystery models): attention to an earlier copy, the circuit's two shares, and the
-learner's hypotheses about two mystery models.
+"""Checks for chapter 12 (Mystery models): attention to an earlier copy, the circuit's two shares, the
+learner's hypotheses about two mystery models, and mystery 2's grammar read from the model.
 
-The first two run the learner's function against the references in
-:mod:`attncircuits.analysis.circuit_check`. The hypothesis checks call the learner's function,
+The first two and the grammar run the learner's function against the references in
+:mod:`attncircuits.analysis.circuit_check`; the grammar is checked on the shipped model and on
+copies whose answer tokens' unembedding columns are permuted, so that a function that returns the
+task's own table (or any table not read from the model it is given) fails. The hypothesis checks call the learner's function,
 which returns a hypothesis dict, and grade it with :mod:`attncircuits.course.grader` against the
 shipped mystery: there is no answer to compare with, only the model's measurements, and a wrong
 hypothesis gets the grader's first failing part (what was measured, not what the answer is).
@@ -10,15 +12,18 @@ hypothesis gets the grader's first failing part (what was measured, not what the
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
-from attncircuits.analysis.circuit_check import circuit_shares, copy_attention
+from attncircuits.analysis.circuit_check import circuit_shares, copy_attention, model_grammar
+from attncircuits.analysis.circuits import full_ov_circuit
 from attncircuits.course import grader
 from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, run_check
 from attncircuits.data.tasks import Repeated
 
-__all__ = ["check_copy_attention", "check_circuit_shares", "check_mystery_2", "check_mystery_3"]
+__all__ = ["check_copy_attention", "check_circuit_shares", "check_mystery_2", "check_grammar_2", "check_mystery_3"]
 
 
 def _mystery_case(name: str, layer: int, shift: int) -> Case:
@@ -125,6 +130,54 @@ def check_mystery_2(fn) -> bool:
     """Exercise 12.3: ``hypothesis_2() -> dict``, graded against mystery-2."""
     cases, compare = _graded("mystery-2")
     return run_check(fn, cases, compare=compare)
+
+
+def _permuted(model, task, seed: int):
+    """A copy of ``model`` whose answer tokens' unembedding columns are permuted: its grammar is
+    the shipped one with the answers renamed."""
+    g = torch.Generator().manual_seed(seed)
+    answers = torch.tensor(task.answer_tokens)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.W_U[:, answers] = model.W_U[:, answers[torch.randperm(len(answers), generator=g)]]
+    return other
+
+
+def _trigger_ov_only(model, task):
+    """The mistake of reading each trigger's OV rows alone: the answer its heads' OV circuits
+    write most for the trigger, without what the cue and the start token write."""
+    answers = torch.tensor(task.answer_tokens)
+    ov = sum(full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads))
+    row = answers[ov[task.triggers][:, answers].argmax(-1)]
+    return row.expand(len(task.cues), -1).clone()
+
+
+@guarded
+def check_grammar_2(fn) -> bool:
+    """Exercise 12.4: ``grammar_2(model, task) -> [n_cues, n_triggers]`` answer token ids."""
+    m = grader.grader_for("mystery-2")
+    task = m.task
+    cases = [Case("mystery-2", (m.model, task))]
+    cases += [Case(f"mystery-2 with its answers' unembedding permuted (seed {s})",
+                   (_permuted(m.model, task, s), task), kind="hand-built") for s in (1, 2)]
+    answers = torch.tensor(task.answer_tokens)
+    return run_check(
+        fn, cases, model_grammar,
+        [
+            Diagnosis("this is the task's own table, not the model's: read the grammar from the model "
+                      "you are given (its weights, or its answers on rows you build)",
+                      lambda e, c: c.args[1].table()),
+            Diagnosis("these are indices into the answer tokens; return the answer token ids "
+                      "(task.answer_tokens)",
+                      lambda e, c: (e[..., None] == answers).int().argmax(-1)),
+            Diagnosis("the trigger's OV rows alone miss what the cue and the start token write: add "
+                      "every term of the path expansion (chapter 3)",
+                      lambda e, c: _trigger_ov_only(*c.args)),
+        ],
+        name="grammar_2",
+        time_limit=30.0,
+        slow_hint="one short row per (cue, trigger) pair is enough: BOS, the trigger, the cue",
+    )
 
 
 @guarded
