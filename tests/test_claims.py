@@ -28,6 +28,14 @@ def test_on_the_shipped_models_a_claim_that_fails_is_an_assertion(capsys):
     assert capsys.readouterr().out == ""
 
 
+def _held_on(count, folder) -> list[str]:
+    """The summary's first line(s) on the set in ``folder``: the folder whole where the line fits."""
+    line = f"{count} claims held on the models in {folder}"
+    if len(line) <= claims.WIDTH:
+        return [line]
+    return [f"{count} claims held on the models in", "  " + claims.fit_path(str(folder), claims.WIDTH - 2)]
+
+
 def test_on_another_set_a_claim_that_fails_prints_one_line_and_the_chapter_runs_on(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(ENV, str(tmp_path / "seed-1"))
     assert claims.claim("head 0.2 is the previous-token head", np.bool_(False), {"head": "0.1", "score": 0.8277}) is False
@@ -36,13 +44,24 @@ def test_on_another_set_a_claim_that_fails_prints_one_line_and_the_chapter_runs_
     assert out == ("claim not held: head 0.2 is the previous-token head (measured: {head: 0.1,\n"
                    "    score: 0.8277})\n")  # folded to the book's 79 columns
     text = claims.summary()
-    assert text.splitlines() == [
-        f"1 of 2 claims held on the models in {tmp_path / 'seed-1'}",
+    assert text.splitlines() == _held_on("1 of 2", tmp_path / "seed-1") + [
         "  not held: head 0.2 is the previous-token head (measured: {head: 0.1, score:",
         "      0.8277})",
     ]
-    assert max(len(line) for line in text.splitlines()[1:]) <= claims.WIDTH
+    assert max(len(line) for line in text.splitlines()) <= claims.WIDTH
     assert capsys.readouterr().out == text + "\n"
+
+
+@pytest.mark.parametrize("folder", ["/sets/code", "/work/main/benchmarks/.mine-kinds/sets/code",
+                                    "/" + "/".join(["a-rather-long-folder-name"] * 6) + "/seed-1",
+                                    "/" + "x" * 120])
+def test_the_summary_fits_the_column_whatever_the_folder(folder, monkeypatch):
+    monkeypatch.setenv(ENV, folder)
+    claims.claim("one", True)
+    lines = claims.summary().splitlines()
+    assert max(len(line) for line in lines) <= claims.WIDTH, lines
+    shown = " ".join(lines)
+    assert folder in shown or folder.endswith(shown.split("...")[1].lstrip("/")), lines
 
 
 def test_the_summary_on_the_shipped_models_and_after_reset(capsys):
@@ -92,8 +111,7 @@ def test_a_claim_about_the_corpus_says_so_and_is_counted_apart(tmp_path, monkeyp
     assert claims.claim("an induction head", False, 0.2) is False
     assert capsys.readouterr().out == ("claim about the corpus not held: ·return is one token (measured: [False])\n"
                                        "claim not held: an induction head (measured: 0.2)\n")
-    assert claims.summary().splitlines() == [
-        f"1 of 2 claims held on the models in {tmp_path / 'mine'}",
+    assert claims.summary().splitlines() == _held_on("1 of 2", tmp_path / "mine") + [
         "  not held: an induction head (measured: 0.2)",
         "and 0 of 1 claims about the corpus and tokenizer",
         "  not held: ·return is one token (measured: [False])",

@@ -114,6 +114,22 @@ def _wrap(line: str, indent: str = "    ") -> str:
     return textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
 
 
+def fit_path(path: str, width: int = WIDTH) -> str:
+    """``path`` in at most ``width`` columns: whole when it fits, else ``.../`` and its last
+    parts (whole parts; a last name longer than the column is cut from the left)."""
+    if len(path) <= width:
+        return path
+    parts = path.split("/")
+    if len(".../" + parts[-1]) > width:  # one name longer than the column: its last characters
+        return "..." + path[3 - width:]
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(".../" + part + "/" + tail) > width:
+            break
+        tail = part + "/" + tail
+    return ".../" + tail
+
+
 def shell_lines(command: str) -> str:
     """``command`` folded to :data:`WIDTH` columns as a shell reads it: each line but the last ends
     in `` \\``; a word longer than the column (a long path) is never cut."""
@@ -136,8 +152,13 @@ def summary() -> str:
     claims about the corpus (``about="corpus"``) are counted on a line of their own."""
     recipe = [c for c in _record if c.about == "recipe"]
     corpus = [c for c in _record if c.about == "corpus"]
-    where = "the shipped models" if models_in_use() == "shipped" else f"the models in {models_in_use()}"
-    lines = [f"{sum(c.held for c in recipe)} of {len(recipe)} claims held on {where}"]
+    head = f"{sum(c.held for c in recipe)} of {len(recipe)} claims held on "
+    if models_in_use() == "shipped":
+        lines = [head + "the shipped models"]
+    elif len(head + "the models in " + models_in_use()) <= WIDTH:
+        lines = [head + "the models in " + models_in_use()]
+    else:  # the folder on a line of its own, its tail where even that line is too long
+        lines = [head + "the models in", "  " + fit_path(models_in_use(), WIDTH - 2)]
     lines += [_wrap(f"  not held: {c.text} (measured: {c.measured})", "      ") for c in recipe if not c.held]
     if corpus:
         lines.append(f"and {sum(c.held for c in corpus)} of {len(corpus)} claims about the corpus and tokenizer")
