@@ -217,10 +217,10 @@ class Grader:
         for role, share in shares.items():
             if share < cc.NEEDED:
                 named = ", ".join(head_name(*h) for h, x in sorted(hyp.heads.items()) if x == role)
-                adds = (f"add {share:.0%}" if share >= 0.005 else "add nothing" if share > -0.005
-                        else f"add nothing (the rest does {-share:.0%} better without them)")
-                fails.append(f"needed: the {role} heads ({named}) {adds} of the task, needs "
-                             f"{cc.NEEDED:.0%} (chapter 6's ablations)")
+                adds = (f"add {share:.0%} of the task" if share >= 0.005 else "add nothing to the task"
+                        + ("" if share > -0.005 else f" (the rest does {-share:.0%} better without them)"))
+                fails.append(f"needed: the {role} heads ({named}) {adds}, needs {cc.NEEDED:.0%} "
+                             "(chapter 6's ablations)")
         faith, comp = ab.faithfulness(hyp.heads), ab.completeness(hyp.heads)
         if faith < cc.FAITHFUL:
             fails.append(f"faithfulness: the named heads alone recover {faith:.0%} of the task, needs "
