@@ -218,13 +218,13 @@ class Grader:
             if share < cc.NEEDED:
                 named = ", ".join(head_name(*h) for h, x in sorted(hyp.heads.items()) if x == role)
                 adds = (f"add {share:.0%} of the task" if share >= 0.005 else "add nothing to the task"
-                        + ("" if share > -0.005 else f" (the rest does {-share:.0%} better without them)"))
+                        + ("" if share > -0.005 else f" (ablating them too does {-share:.0%} better)"))
                 fails.append(f"needed: the {role} heads ({named}) {adds}, needs {cc.NEEDED:.0%} "
                              "(chapter 6's ablations)")
         faith, comp = ab.faithfulness(hyp.heads), ab.completeness(hyp.heads)
         if faith < cc.FAITHFUL:
-            fails.append(f"faithfulness: the named heads alone recover {faith:.0%} of the task, needs "
-                         f"{cc.FAITHFUL:.0%}")
+            alone = f"recover {faith:.0%} of the task" if faith >= 0 else "do worse than no heads at all"
+            fails.append(f"faithfulness: the named heads alone {alone}, needs {cc.FAITHFUL:.0%}")
         if comp < cc.COMPLETE:
             fails.append(f"completeness: ablating the named heads removes {comp:.0%} of the task, needs "
                          f"{cc.COMPLETE:.0%}")
