@@ -161,8 +161,9 @@ _TAG = re.compile(r"<[^>]+>")
 _CLAIM_ROW = re.compile(r"^(\d\d_[a-z0-9_]+|reproduces) ")
 
 
-def _printed_lines(outputs: Iterable[dict]) -> list[str]:
-    """What a reader reads: printed lines, plain-text results, and HTML (a table row a line)."""
+def _printed_lines(outputs: Iterable[dict], keep_indent: bool = False) -> list[str]:
+    """What a reader reads: printed lines, plain-text results, and HTML (a table row a line);
+    each line's runs of spaces made one, and with ``keep_indent`` its leading spaces kept."""
     lines, merged = [], []
     for out in outputs:  # consecutive prints arrive as several stream outputs: one text
         if merged and out.get("output_type") == "stream" and merged[-1].get("output_type") == "stream":
@@ -186,8 +187,13 @@ def _printed_lines(outputs: Iterable[dict]) -> list[str]:
         else:
             continue
         text = "".join(text) if isinstance(text, list) else text
-        lines += [" ".join(line.split()) for line in _visible_lines(text)] + [""]
+        lines += [(line[: len(line) - len(line.lstrip())] if keep_indent else "") + " ".join(line.split())
+                  for line in _visible_lines(text)] + [""]
     return lines
+
+
+#: how a claim that does not hold is printed (course.claims): a line, then its indented continuation
+_CLAIM_NOT_HELD = ("claim not held:", "claim about the corpus not held:", "not held:")
 
 
 def unnamed_quantities(outputs: Iterable[dict], reported: Iterable[dict], window_names: Iterable[str]) -> list[str]:
@@ -199,8 +205,14 @@ def unnamed_quantities(outputs: Iterable[dict], reported: Iterable[dict], window
     from attncircuits.analysis.quantities import HISTORY_WINDOWS
 
     names = [n for n in (*window_names, HISTORY_WINDOWS) if n]
-    found, header = [], False
-    for line in _printed_lines(outputs):
+    found, header, in_claim = [], False, False
+    for raw in _printed_lines(outputs, keep_indent=True):
+        line = raw.strip()
+        # a claim that did not hold (on another set) quotes the chapter's claim, whose windows the
+        # chapter states beside it: the line and its indented continuation are not a report
+        in_claim = line.startswith(_CLAIM_NOT_HELD) or (in_claim and raw.startswith(" ") and bool(line))
+        if in_claim:
+            continue
         rest = line
         for o in own:
             rest = rest.replace(o, " ")

@@ -115,6 +115,22 @@ def test_a_quantity_printed_without_its_windows_fails():
     assert len(pages.unnamed_quantities([_stream(r["text"] + "; ICL score -0.7")], [r], set())) == 1
 
 
+def test_a_claim_that_did_not_hold_quotes_its_chapter_and_is_not_a_report():
+    """On another set a claim that fails prints its text, folded (course.claims); the chapter names
+    the windows beside the claim, so neither the line nor its continuation is a quantity report, and
+    a report after it is still checked."""
+    for text in ("claim not held: without it the induction head's prefix matching halves (measured:\n"
+                 "    [0.8, 0.5])\n",
+                 "claim not held: the top prediction is correct at 70% of the second\n"
+                 "    copy (measured: 0.61)\n",
+                 "claim about the corpus not held: the ICL score is low (measured: 1)\n",
+                 "3 of 5 claims held on the models in /sets/code\n"
+                 "  not held: every other layer-1 head has a prefix-matching score above\n"
+                 "      0.3 (measured: [0.1])\n"):
+        assert pages.unnamed_quantities([_stream(text)], [], set()) == [], text
+        assert len(pages.unnamed_quantities([_stream(text + "ICL score -0.7\n")], [], set())) == 1, text
+
+
 def test_the_across_runs_rows_name_the_windows_their_numbers_are_measured_on():
     from attncircuits import ModelConfig, Transformer
     from attncircuits.train import replicate
