@@ -977,11 +977,21 @@ def _direct_path_only(model, task):
     return answers[direct][:, None].expand(-1, len(task.triggers)).clone()
 
 
+def _rows_without_bos(model, task):
+    answers = torch.tensor(task.answer_tokens)
+    table = torch.zeros(len(task.cues), len(task.triggers), dtype=torch.long)
+    for i, cue in enumerate(task.cues):
+        for j, trig in enumerate(task.triggers):
+            table[i, j] = answers[model(torch.tensor([[trig, cue]]))[0, -1, answers].argmax()]
+    return table
+
+
 C = "ch12.check_grammar_2"
 wrong(C, "the task's own table", lambda model, task: task.table(), "the task's own table", "named")
 wrong(C, "indices into the answers", _grammar_rows(lambda g, m, t: g - t.answer_tokens[0]),
       "indices into the answer tokens", "named")
 wrong(C, "the trigger's paths alone", _trigger_paths_only, "trigger's OV rows alone", "named")
+wrong(C, "rows without the start token", lambda model, task: _rows_without_bos(model, task), "no start token", "named")
 wrong(C, "the direct path alone", _direct_path_only, "entries differ")
 wrong(C, "transposed", _grammar_rows(lambda g, m, t: g.T), "transposed")
 wrong(C, "the cues swapped", _grammar_rows(lambda g, m, t: g.flip(0)), "entries differ")

@@ -152,6 +152,15 @@ def _trigger_ov_only(model, task):
     return row.expand(len(task.cues), -1).clone()
 
 
+def _without_start(model, task):
+    """The mistake of rows without the start token: the model's answer after [trigger, cue]."""
+    answers = torch.tensor(task.answer_tokens)
+    rows = torch.tensor([[t, c] for c in task.cues for t in task.triggers])
+    with torch.no_grad():
+        logits = model.forward_checked(rows)[:, -1, answers]
+    return answers[logits.argmax(-1)].reshape(len(task.cues), len(task.triggers))
+
+
 @guarded
 def check_grammar_2(fn) -> bool:
     """Exercise 12.4: ``grammar_2(model, task) -> [n_cues, n_triggers]`` answer token ids."""
@@ -173,6 +182,9 @@ def check_grammar_2(fn) -> bool:
             Diagnosis("the trigger's OV rows alone miss what the cue and the start token write: add "
                       "every term of the path expansion (chapter 3)",
                       lambda e, c: _trigger_ov_only(*c.args)),
+            Diagnosis("your rows have no start token: every row of the task begins with BOS (token 0), "
+                      "and the cue's heads attend to it",
+                      lambda e, c: _without_start(*c.args)),
         ],
         name="grammar_2",
         time_limit=30.0,
