@@ -61,7 +61,7 @@ class _TimeLimit(BaseException):
         super().__init__(*args)
         ident = threading.get_ident()
         frame = sys._getframe(1)
-        if ident not in _STOPPING or frame.f_code.co_filename == __file__:
+        if ident not in _STOPPING or not _learners(frame.f_code.co_filename):
             return
         while frame is not None and frame.f_code.co_filename != __file__:
             frame.f_trace, frame.f_trace_lines = _raise_at_next_line, True
@@ -69,9 +69,21 @@ class _TimeLimit(BaseException):
         sys.settrace(_raise_at_next_line)
 
 
+#: code that is never the learner's: this file, the interpreter's frozen modules, the standard
+#: library and installed packages (where a finalizer or an import may run while a stopped thread
+#: unwinds: an exception raised there reaches no caller and ends as an "unraisable exception"). A
+#: learner's loop is in a notebook or a script; the exception sent every few ms still lands anywhere.
+_NOT_LEARNERS = (__file__, "<frozen",
+                 *sorted({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}))
+
+
+def _learners(filename: str) -> bool:
+    return not filename.startswith(_NOT_LEARNERS)
+
+
 def _raise_at_next_line(frame, event, arg):
     """A trace function (see :class:`_TimeLimit`)."""
-    if threading.get_ident() in _STOPPING and frame.f_code.co_filename != __file__:
+    if threading.get_ident() in _STOPPING and _learners(frame.f_code.co_filename):
         raise _TimeLimit()
     return None
 
