@@ -67,6 +67,32 @@ def test_an_interrupted_member_resumes_from_its_last_evaluation(tiny, tmp_path, 
     assert not (out / "attn-1l.partial.pt").exists()
 
 
+def test_a_worker_whose_make_family_is_gone_stops_at_its_saved_state_and_resumes(tiny, tmp_path, monkeypatch, capsys):
+    """A killed `make family` (SIGTERM, not Ctrl-C) leaves its pool workers orphaned: each stops at
+    its next evaluation, whose state is saved, instead of racing a rerun for the same files."""
+    import multiprocessing
+
+    out = tmp_path / "seed-0"
+    out.mkdir()
+
+    class Gone:
+        def is_alive(self):
+            return False
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: Gone())
+    monkeypatch.setattr(family.os, "_exit", exit_)
+    with pytest.raises(SystemExit):
+        family.train_member("attn-1l", 0, out, STREAMS)
+    assert "its make family is gone; stopping at step 0" in capsys.readouterr().out
+    assert not (out / "attn-1l.json").exists()
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)  # the rerun's own process
+    r = family.train_member("attn-1l", 0, out, STREAMS)
+    assert r["history"]["step"] == [0, 25, 50]
+
+
 def test_an_unknown_member_is_refused_in_one_line():
     with pytest.raises(ValueError, match="no family member 'attn-9l'; the members are attn-1l"):
         family.member_configs("attn-9l")

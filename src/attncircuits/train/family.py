@@ -120,6 +120,14 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
     every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
 
     def on_eval(step, model, row):
+        parent = multiprocessing.parent_process()
+        if parent is not None and not parent.is_alive():
+            # the `make family` that started this worker was killed (not by Ctrl-C, which stops the
+            # workers too): stop here, where this step's state is saved, so that a rerun resumes it
+            # alone instead of racing an orphan for the same files
+            print(f"  {name}: its make family is gone; stopping at step {step:,} (a rerun resumes "
+                  "from its last saved state)", flush=True)
+            os._exit(0)
         if not fixed:
             fixed["tokens"] = live_text(model, N_WINDOWS)
             fixed["positions"] = fixed_positions(mcfg.n_ctx)
