@@ -1,6 +1,8 @@
 """HeadWatch, the training callback: in a plain loop around a TransformerLens model, against
 TransformerLens's own forward pass, on the shipped model's induction heads, and its refusals."""
 
+import re
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from attncircuits import load_pretrained
 from attncircuits.analysis import scores as S
 from attncircuits.data import repeated_rows
 from attncircuits.models.transformer import ModelConfig
-from attncircuits.train.watch import HeadWatch
+from attncircuits.train.watch import PROBE, HeadWatch
 
 tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed: `pip install -e .[tl]`")
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
@@ -36,6 +38,7 @@ def test_in_a_plain_training_loop_around_a_transformer_lens_model(capsys):
     assert model.training  # put back as it was
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("step      0, prefix-match") and len(out) >= 3
+    assert re.search(r"prefix-match \d\.\d\d \(head \d\.\d\)", out[0])  # a head's name reads as one
     with pytest.raises(ValueError, match="unknown detectors"):
         HeadWatch(model, detectors=("induction",))
     assert "no phase change" in watch.report() or "phase change at step" in watch.report()
@@ -62,6 +65,19 @@ def test_on_the_shipped_model_it_names_the_induction_heads_and_their_writers():
     assert sorted(h for h, _ in pc.induction_heads) == sorted(S.induction_heads(model, 0.5))
     assert all(w[0] == 0 and z > 3 for _, w, z in pc.writers)  # layer-0 writers far above chance
     assert "phase change at step 0" in watch.report()
+    assert re.search(r"induction heads formed: head 1\.\d \(score \d\.\d\d\)", watch.report())
+    assert re.search(r"K-composition from head 0\.\d into head 1\.\d \(z ", watch.report())
+
+
+def test_a_notebook_shows_the_report_once_under_the_rows_and_their_windows():
+    model = load_pretrained("attn-only-2l").model
+    watch = HeadWatch(model, every=1, display="none", threshold=0.5)
+    watch(0)
+    watch(1)
+    html = watch._html()
+    assert html.count("phase change at step 0") == 1
+    assert html.count("<img") == 1 and html.count("step      1, prefix-match") == 1
+    assert watch.caption().endswith(":") and PROBE in watch.caption()
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -7,16 +7,17 @@ Works in any training loop, the course's or your own plain PyTorch or Transforme
     for step in range(n_steps):
         ...  # your forward, backward and optimiser step
         watch(step)
-    print(watch.report())
+    print(watch.report())  # in a notebook its display already shows this line
 
 Every ``every`` steps it scores the heads on random tokens repeated (prefix matching) and, given
-``text``, on real text (previous token), or with any other detectors of the registry
-(:data:`attncircuits.analysis.scores.DETECTORS`); keeps one row per step in ``rows``; shows them
-(in a notebook a figure of each detector's best score over the steps and the last rows, updated in
-place; in a terminal one plain line per step); and
+``text``, on real text (previous token), or with any other of the course's detectors (the
+registry :data:`attncircuits.analysis.scores.DETECTORS`); keeps one row per step in ``rows``; shows
+them (in a notebook one display, updated in place: a figure of each detector's best score over the
+steps, the last rows and :meth:`HeadWatch.report`; in a terminal one plain line per step); and
 reports the phase change once: the first step at which a head's prefix-matching score reaches
 ``threshold``, the heads that did, and the previous-token heads they compose with (their
-K-composition, as chapter 5 reads it). The model is put back in the mode it was in.
+K-composition, as chapter 5 reads it). Heads are named ``head 1.2`` (layer 1, head 2), so that a
+name never reads as a score. The model is put back in the mode it was in.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from __future__ import annotations
 import base64
 import sys
 from dataclasses import dataclass, field
+from html import escape
 
 import matplotlib.pyplot as plt
 import torch
 
+from attncircuits.analysis import quantities
 from attncircuits.analysis.circuits import composition_scores
 from attncircuits.analysis.scores import DETECTORS, Probe
 from attncircuits.core import validate
@@ -35,6 +38,14 @@ from attncircuits.core.heads import Head, head_name
 from attncircuits.models.hooked import adopt
 from attncircuits.models.interface import features
 from attncircuits.show.plotting import figure_png, phase_change_plot
+
+
+#: what HeadWatch's prefix-matching score is measured on, as its display names it
+PROBE = "HeadWatch's random tokens repeated"
+
+
+def _head(layer: int, head: int) -> str:
+    return f"head {head_name(layer, head)}"
 
 
 @dataclass
@@ -46,11 +57,11 @@ class PhaseChange:
     writers: list[tuple[Head, Head, float]]  # (induction head, previous-token head, K-composition z)
 
     def describe(self) -> str:
-        heads = ", ".join(f"{head_name(*h)} ({s:.2f})" for h, s in self.induction_heads)
-        line = f"phase change at step {self.step:,}: induction heads {heads}"
+        heads = ", ".join(f"{_head(*h)} (score {s:.2f})" for h, s in self.induction_heads)
+        line = f"phase change at step {self.step:,}, induction heads formed: {heads}"
         if self.writers:
             line += "; K-composition from " + ", ".join(
-                f"{head_name(*w)} into {head_name(*r)} (z {z:.1f})" for r, w, z in self.writers)
+                f"{_head(*w)} into {_head(*r)} (z {z:.1f})" for r, w, z in self.writers)
         return line
 
 
@@ -96,6 +107,8 @@ class HeadWatch:
         if self.display == "auto":
             self.display = "notebook" if "ipykernel" in sys.modules else "terminal"
         self._handle = None
+        if self.display == "notebook":  # the display's lines name these windows
+            quantities.Windows(PROBE, None)
 
     def __call__(self, step: int) -> dict | None:
         """Score the heads if ``step`` is a multiple of ``every`` (and step 0); returns the row or None."""
@@ -141,7 +154,7 @@ class HeadWatch:
             if name in row:
                 s = row[name]
                 best = divmod(int(s.argmax()), s.shape[1])
-                parts.append(f"{DETECTORS[name].column} {float(s.max()):.2f} ({head_name(*best)})")
+                parts.append(f"{DETECTORS[name].column} {float(s.max()):.2f} ({_head(*best)})")
         return ", ".join(parts)
 
     def _show(self, row: dict) -> None:
@@ -159,11 +172,21 @@ class HeadWatch:
         else:
             self._handle.update(html)
 
+    def caption(self) -> str:
+        """What the rows are measured on: one line, ending with a colon."""
+        scored = [f"prefix-match on {PROBE} ({self.n_repeats} copies of {self.seq_len})"]
+        if self.text is not None and "previous_token" in self.detectors:
+            scored.append("prev-token on the text given")
+        return f"every {self.every:,} steps, the best head of each detector; {', '.join(scored)}:"
+
     def _html(self) -> str:
-        lines = "".join(f"<div>{self._line(r)}</div>" for r in self.rows[-8:])
-        note = f"<b>{self.phase_change.describe()}</b>" if self.phase_change else "no induction head yet"
-        figure = f"<img src='data:image/png;base64,{self._figure_png()}' style='max-width:100%'/>" if len(self.rows) > 1 else ""
-        return f"<div style='font-family:monospace;font-size:12px'>{figure}{lines}<div>{note}</div></div>"
+        # one display: the figure, the last rows under their caption, and the report, once
+        lines = "".join(f"<div>{escape(self._line(r))}</div>" for r in self.rows[-8:])
+        note = f"<div><b>{escape(self.report())}</b></div>"
+        figure = (f"<div><img src='data:image/png;base64,{self._figure_png()}' style='max-width:100%'/></div>"
+                  if len(self.rows) > 1 else "")
+        return (f"<div style='font-family:monospace'>{figure}<div>{escape(self.caption())}</div>{lines}{note}"
+                "</div>")
 
     def curves(self) -> dict[str, list[float]]:
         """The best score of each detector watched, one value per row: ``{column: values}``."""
@@ -186,4 +209,4 @@ class HeadWatch:
         last = self.rows[-1]["step"] if self.rows else None
         best = max((float(r["prefix_matching"].max()) for r in self.rows), default=float("nan"))
         return (f"no phase change in the steps watched (to step {last:,}): the best prefix-matching score was "
-                f"{best:.2f}, under threshold={self.threshold}" if self.rows else "no step watched yet: call watch(step)")
+                f"{best:.2f}, under the threshold {self.threshold:g}" if self.rows else "no step watched yet: call watch(step)")
