@@ -195,6 +195,10 @@ def _chapter_figures():
     yield "grouped_bars", lambda: plotting.grouped_bars([f"0.{h}" for h in range(4)], {f"{n}, {s}": rng.random(4) for n in ("current", "previous", "two back")
                                                                                         for s in ("from W_pos", "on text")},
                                                         ylabel="mean attention", title="attention to the last three tokens: positions alone vs real text")
+    yield "grouped_bars, legend below", lambda: plotting.grouped_bars(
+        ["direct path\n(vs uniform)", "+ single\nheads", "+ virtual\nheads", "layer-0 heads\n(to direct)", "layer-1 heads\n(to direct)"],
+        {"ours": rng.random(5) * 3, "paper (2 layers of 12 heads)": rng.random(5) * 3}, title="what each set of terms buys (nats per token)",
+        ylabel="loss reduction (nats)", legend_below=True)
     yield "eigenvalue_planes", lambda: plotting.eigenvalue_planes([torch.randn(32, dtype=torch.complex64) * 10 for _ in range(4)],
                                                                   rng.random(4), [f"head 0.{h}" for h in range(4)], [True, False, True, False])
     yield "composition_heatmaps", lambda: plotting.composition_heatmaps({k: rng.random((4, 4)) for k in "QKV"}, {k: 0.2 for k in "QKV"},
@@ -246,7 +250,7 @@ def test_every_figure_is_legible_in_the_book_column():
             small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide, overlapping {clash[:3]}")
         seen += 1
         plt.close("all")
-    assert seen == 21 and not small, small  # every figure _chapter_figures draws
+    assert seen == 22 and not small, small  # every figure _chapter_figures draws
 
 
 def test_the_legibility_measure_catches_a_figure_scaled_down_too_far():
@@ -320,5 +324,20 @@ def test_the_cover_check_sees_a_legend_on_a_line():
     ax.legend(loc="upper left")
     assert covered_data(fig)
     place_legend(ax)
+    assert not covered_data(fig)
+    plt.close(fig)
+
+
+def test_the_cover_check_sees_a_legend_on_tick_labels():
+    """A legend placed under the axes at a fixed offset runs into tick labels of two lines."""
+    from attncircuits.show.plotting.base import covered_data, legend_under_axis
+
+    fig, ax = plt.subplots(figsize=(5, 3), layout="constrained")
+    ax.bar([0, 1, 2], [1, 2, 1], label="bars")
+    ax.set_xticks([0, 1, 2], ["two", "lines\nof", "labels"])
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.05))
+    assert any("axis label" in c for c in covered_data(fig))
+    ax.get_legend().remove()
+    legend_under_axis(ax)
     assert not covered_data(fig)
     plt.close(fig)

@@ -14,6 +14,7 @@ from attncircuits.show.plotting.base import (
     SMALL_PT,
     TICK_PT,
     finish,
+    legend_under_axis,
     new_axes,
     new_figure,
     numpy,
@@ -84,8 +85,7 @@ def grouped_bars(
     if xlabel:
         ax.set_xlabel(xlabel, fontsize=LABEL_PT)
     if legend_below:
-        ax.legend(fontsize=SMALL_PT + 0.5, ncols=min(3, len(series)), loc="upper center",
-                  bbox_to_anchor=(0.5, -0.2 if xlabel else -0.1), frameon=False)
+        legend_under_axis(ax, fontsize=SMALL_PT + 0.5, ncols=min(3, len(series)), frameon=False)
     set_title(ax, title)
     if not legend_below:
         place_legend(ax, ncols=2 if len(series) > 3 else 1)

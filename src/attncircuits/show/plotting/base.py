@@ -187,10 +187,23 @@ def _covers(box: Bbox, points: np.ndarray) -> bool:
     return bool(inside.any())
 
 
+def _axis_labels(fig: Figure, renderer) -> list[Text]:
+    """Every visible tick label and axis label of ``fig``'s axes."""
+    texts = []
+    for ax in fig.axes:
+        for i, axis in enumerate((ax.xaxis, ax.yaxis)):
+            lo, hi = sorted(axis.get_view_interval())
+            texts += [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text().strip()
+                      and lo - 1e-9 * (hi - lo) <= t.get_position()[i] <= hi + 1e-9 * (hi - lo)]
+            if axis.label.get_visible() and axis.label.get_text().strip():
+                texts.append(axis.label)
+    return texts
+
+
 def covered_data(fig: Figure) -> list[str]:
     """What a legend or a text label of an axes covers in ``fig``: one line per legend or label
-    whose box holds a plotted point of its axes (a line, a scatter point, a bar's top), or overlaps
-    another label or legend of the figure. Draws the figure."""
+    whose box holds a plotted point of its axes (a line, a scatter point, a bar's top), runs into a
+    tick label or an axis label, or overlaps another label or legend of the figure. Draws the figure."""
     renderer = _renderer(fig)
     found = []
     for ax in fig.axes:
@@ -202,11 +215,29 @@ def covered_data(fig: Figure) -> list[str]:
         for name, box in boxes:
             if _covers(box, points):
                 found.append(f"{name} covers data in {ax.get_title()!r}")
+            for label in _axis_labels(fig, renderer):
+                inter = Bbox.intersection(box, label.get_window_extent(renderer))
+                if inter is not None and inter.width * inter.height > 1.0:
+                    found.append(f"{name} covers the axis label {label.get_text()!r} in {ax.get_title()!r}")
         for (a, ba), (b, bb) in zip(boxes, boxes[1:]):
             inter = Bbox.intersection(ba, bb)
             if inter is not None and inter.width * inter.height > 1.0:
                 found.append(f"{a} overlaps {b} in {ax.get_title()!r}")
     return found
+
+
+def legend_under_axis(ax: Axes, gap_pt: float = 4.0, **kw):
+    """The axes' legend centred under its x axis: below the tick labels and the x label, however
+    many lines they take, so it covers neither them nor a bar. The gap is in points, so it holds
+    whatever size the layout later gives the axes."""
+    from matplotlib.transforms import offset_copy
+
+    renderer = _renderer(ax.figure)
+    axis_box = ax.xaxis.get_tightbbox(renderer)  # None when the x axis draws nothing
+    below = 0.0 if axis_box is None else ax.get_window_extent(renderer).y0 - axis_box.y0
+    depth_pt = max(0.0, below) * 72 / ax.figure.dpi + gap_pt
+    under = offset_copy(ax.transAxes, fig=ax.figure, y=-depth_pt, units="points")
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=under, **kw)
 
 
 def place_legend(ax: Axes, fontsize: float = SMALL_PT + 0.5, **kw):

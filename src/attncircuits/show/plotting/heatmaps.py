@@ -310,6 +310,6 @@ def head_circuits_figure(
                     xlabel="output", ylabel="source (attended to)", colorbar_label="logit (row-centred)",
                     colorbar_location="bottom")
     circuit_heatmap(qk, labels, labels, ax=fig.add_subplot(gs[1, 1]), title="QK: destination → source",
-                    xlabel="source (key)", ylabel="destination (query): rows as on the left",
+                    xlabel="source (key)", ylabel="destination\n(rows as on the left)",
                     colorbar_label="score (row-centred)", row_ticks=False, colorbar_location="bottom")
     return finish(fig, title)
