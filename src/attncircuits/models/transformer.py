@@ -170,8 +170,8 @@ class Attention(nn.Module):
 
 class Transformer(nn.Module):
     """``logits = (W_E[tokens] + Σ_layers Σ_heads head_out) @ W_U``
-    in the attention-only members; the others add their MLPs' outputs
-    to the stream and normalise what each part reads."""
+    in an attention-only model; a model with MLPs adds their outputs to
+    the stream, and one with LayerNorm normalises what each part reads."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
