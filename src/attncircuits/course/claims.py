@@ -28,8 +28,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import textwrap
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 
 from attncircuits.checkpoints import modelset
 
@@ -203,6 +205,24 @@ def split_recorded(line: str) -> tuple[str, str]:
     return text.removeprefix(SHIPPED_PREFIX), value[:-1]
 
 
+def _not_held(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple[str, str, str | None, dict]]:
+    """``(chapter, the claim now, the wording a restated claim was recorded under or None, {run:
+    measured value})`` per claim that did not hold on some run, sorted (see
+    :func:`not_held_across_runs`)."""
+    rows: dict[tuple[str, str], tuple[str | None, dict]] = {}
+    for run, chapters in recorded.items():
+        for chapter, counts in chapters.items():
+            for line in counts.get("claims_not_held", []):
+                text, value = split_recorded(line)
+                try:
+                    claim_now, kind = now[chapter][text]
+                except KeyError:
+                    raise KeyError(f"{run}, {chapter}: {text!r} is not in claims-now.json") from None
+                row = rows.setdefault((chapter, claim_now), (None if kind == "shipped" else text, {}))
+                row[1][run] = value
+    return [(chapter, text, was, values) for (chapter, text), (was, values) in sorted(rows.items())]
+
+
 def not_held_across_runs(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple]:
     """One row per claim that did not hold on some run: ``(chapter, the claim as the chapter states
     it now, what became of it, then per run its measured value or "held")``.
@@ -213,21 +233,123 @@ def not_held_across_runs(recorded: dict[str, dict], now: dict[str, dict]) -> lis
     a newer one by another is one row. A restated claim's row names the wording it was recorded
     under, whose measured values it shows. A recorded wording missing from ``now`` raises
     ``KeyError`` naming it."""
-    rows: dict[tuple[str, str], dict] = {}
-    for run, chapters in recorded.items():
-        for chapter, counts in chapters.items():
-            for line in counts.get("claims_not_held", []):
-                text, value = split_recorded(line)
-                try:
-                    claim_now, kind = now[chapter][text]
-                except KeyError:
-                    raise KeyError(f"{run}, {chapter}: {text!r} is not in claims-now.json") from None
-                status = "the shipped run's" if kind == "shipped" else f"restated; recorded as: {text}"
-                row = rows.setdefault((chapter, claim_now), {"status": status, "values": {}})
-                row["values"][run] = value
     runs = list(recorded)
-    return [(chapter, text, row["status"], *(row["values"].get(r, "held") for r in runs))
-            for (chapter, text), row in sorted(rows.items())]
+    return [(chapter, text, "the shipped run's" if was is None else f"restated; recorded as: {was}",
+             *(values.get(r, "held") for r in runs))
+            for chapter, text, was, values in _not_held(recorded, now)]
+
+
+def not_held_table(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple[str, str, str, str]]:
+    """The rows of the reproduces page's table of claims not held on some run, to read: ``(chapter,
+    claim, run, measured)``, one row per run on which a claim did not hold, with its value as text
+    (:func:`readable_value`); the chapter and the claim are written on a claim's first row only
+    (empty on the rows below it). A restated claim says under which wording its values were
+    recorded (or that the claim before it was restated, where its own words are the same); a claim marked as the shipped run's says so in its text ("in the shipped run: ...").
+    The runs on which a claim held have no row."""
+    out = []
+    for chapter, text, was, values in _not_held(recorded, now):
+        if was == text:  # "their ...": what it follows was restated
+            text += " (restated with the claim before it, in the same words)"
+        elif was is not None:
+            text += f" (restated; the runs recorded it as: {was})"
+        for i, run in enumerate(r for r in recorded if r in values):
+            out.append((chapter if i == 0 else "", text if i == 0 else "", run, readable_value(values[run])))
+    return out
+
+
+#: a number as ``_fmt`` writes one (an int, a float's ``:.4g``, ``nan``, ``inf``)
+_NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|-?inf|nan", re.IGNORECASE)
+_WORDS = {"True": "yes", "False": "no", "None": "none"}
+
+
+class _Pairs(list):
+    """A dict's entries, ``[(key, value), ...]``, as :func:`_parse` reads them."""
+
+
+def _bracketed(s: str) -> bool:
+    """Whether ``s`` is one bracketed whole: its first bracket closes at its last character."""
+    if len(s) < 2 or s[0] + s[-1] not in ("[]", "()", "{}"):
+        return False
+    depth = 0
+    for i, c in enumerate(s):
+        depth += (c in "([{") - (c in ")]}")
+        if depth == 0:
+            return i == len(s) - 1
+    return False
+
+
+def _split(s: str, sep: str, limit: int = -1) -> list[str]:
+    """``s`` split at ``sep`` outside brackets (at most ``limit`` times)."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        if depth == 0 and s.startswith(sep, i) and limit != len(parts):
+            parts.append(s[start:i])
+            i += len(sep)
+            start = i
+            continue
+        depth += (s[i] in "([{") - (s[i] in ")]}")
+        i += 1
+    return [*parts, s[start:]]
+
+
+def _parse(s: str):
+    """A value as ``_fmt`` wrote it: a str (one value), a list (a list or tuple) or :class:`_Pairs`."""
+    s = s.strip()
+    if not _bracketed(s):
+        return s
+    items = _split(s[1:-1], ", ") if s[1:-1].strip() else []
+    if s[0] != "{":
+        return [_parse(x) for x in items]
+    pairs = _Pairs()
+    for item in items:
+        key, *value = _split(item, ": ", limit=1)
+        pairs.append((key.strip(), _parse(value[0]) if value else ""))
+    return pairs
+
+
+def _number(s: str, digits: int) -> str:
+    """``s`` at ``digits`` significant digits when it is a float with more, else as it is."""
+    if not _NUMBER.fullmatch(s) or re.fullmatch(r"-?\d+", s):
+        return _WORDS.get(s, s)
+    d = Decimal(s)
+    if not d.is_finite() or d == 0 or len(d.as_tuple().digits) <= digits:
+        return s
+    d = d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1))
+    # rounding up a power of ten (0.9999 to 1.000) adds a digit: one fewer decimal
+    return format(d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1)), "f")
+
+
+def _text(node, digits: int, inner: bool = False) -> str:
+    """``node`` (:func:`_parse`) as text; ``inner``: inside another list or dict."""
+    if isinstance(node, str):
+        return _number(node, digits)
+    if not node:
+        return "none"
+    if isinstance(node, _Pairs):
+        values = [value for _, value in node]
+        parts = []
+        for key, value in node:
+            v = _text(value, digits, inner=True)
+            # "key value"; "key: value" where two numbers would stand side by side, or several values
+            plain = isinstance(value, str) and not _NUMBER.fullmatch(key)
+            parts.append(key if not v else f"{key} {v}" if plain else f"{key}: {v}")
+    else:
+        values = node
+        parts = [_text(x, digits, inner=True) for x in node]
+    # a list of lists: its items apart by semicolons, each item's values by commas
+    nested = not inner and any(not isinstance(x, str) for x in values)
+    return ("; " if nested else ", ").join(parts)
+
+
+def readable_value(value: str, digits: int = 3) -> str:
+    """A measured value as a claim recorded it (``"[0.2222, 0.05556]"``, ``"([], [2])"``, ``"{0.2:
+    0.5379}"``, ``"(30.16, k)"``) as text to read: numbers at ``digits`` significant digits (an int,
+    or a float with fewer, as it is), the items of a list or tuple separated by commas, a dict's
+    entries as "key value" ("key: value" where the key is a number or the value several), the items
+    of a list of lists (or of a dict of lists) by semicolons, an empty one "none", True and False
+    "yes" and "no"; no brackets, braces or quotes. A value that is not a container is one value:
+    ``"0.7875"`` reads "0.788"."""
+    return _text(_parse(value), digits)
 
 
 def counts_across_runs(recorded: dict[str, dict]) -> list[tuple]:
