@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import copy
 import ctypes
 import dis
@@ -89,7 +90,14 @@ def _raise_at_next_line(frame, event, arg):
 
 
 class _Worker(threading.Thread):
-    """The thread a learner's call runs in; it ends quietly however its time-out lands."""
+    """The thread a learner's call runs in; it ends quietly however its time-out lands. Once its
+    call is over it is ``finished``: the stopper no longer sends it exceptions (under ``lock``, so
+    none is sent after the last one is cleared), and the thread's own teardown, outside ``run``,
+    never meets one (it would end as an "unraisable exception")."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock, self.finished = threading.Lock(), False
 
     def run(self) -> None:
         ident = threading.get_ident()
@@ -100,10 +108,14 @@ class _Worker(threading.Thread):
             except _TimeLimit:
                 pass
             finally:
+                with self.lock:
+                    self.finished = True
                 _STOPPING.discard(ident)
                 sys.settrace(None)
                 clear()
-        except _TimeLimit:
+        except _TimeLimit:  # one landed in the finally above, before it was cleared
+            with self.lock:
+                self.finished = True
             clear()
 
 
@@ -240,8 +252,10 @@ def _stop_thread(worker: threading.Thread, wait: float = 2.0) -> None:
         _STOPPING.add(worker.ident)
 
     def hit() -> None:
-        if worker.ident is not None and worker.is_alive():
-            _arm(worker.ident)
+        lock = getattr(worker, "lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
+            if worker.ident is not None and worker.is_alive() and not getattr(worker, "finished", False):
+                _arm(worker.ident)
 
     deadline = time.perf_counter() + wait
     while worker.is_alive() and time.perf_counter() < deadline:
