@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.text import Text
-from matplotlib.transforms import Bbox
+from matplotlib.transforms import Bbox, offset_copy
 
 from attncircuits.data import visible
 
@@ -187,7 +187,7 @@ def _covers(box: Bbox, points: np.ndarray) -> bool:
     return bool(inside.any())
 
 
-def _axis_labels(fig: Figure, renderer) -> list[Text]:
+def _axis_labels(fig: Figure) -> list[Text]:
     """Every visible tick label and axis label of ``fig``'s axes."""
     texts = []
     for ax in fig.axes:
@@ -206,6 +206,7 @@ def covered_data(fig: Figure) -> list[str]:
     tick label or an axis label, or overlaps another label or legend of the figure. Draws the figure."""
     renderer = _renderer(fig)
     found = []
+    axis_labels = [(t, t.get_window_extent(renderer)) for t in _axis_labels(fig)]
     for ax in fig.axes:
         points = _data_points(ax)
         boxes = [(f"legend {[t.get_text() for t in leg.get_texts()][:3]}", leg.get_window_extent(renderer))
@@ -215,8 +216,8 @@ def covered_data(fig: Figure) -> list[str]:
         for name, box in boxes:
             if _covers(box, points):
                 found.append(f"{name} covers data in {ax.get_title()!r}")
-            for label in _axis_labels(fig, renderer):
-                inter = Bbox.intersection(box, label.get_window_extent(renderer))
+            for label, label_box in axis_labels:
+                inter = Bbox.intersection(box, label_box)
                 if inter is not None and inter.width * inter.height > 1.0:
                     found.append(f"{name} covers the axis label {label.get_text()!r} in {ax.get_title()!r}")
         for (a, ba), (b, bb) in zip(boxes, boxes[1:]):
@@ -230,8 +231,6 @@ def legend_under_axis(ax: Axes, gap_pt: float = 4.0, **kw):
     """The axes' legend centred under its x axis: below the tick labels and the x label, however
     many lines they take, so it covers neither them nor a bar. The gap is in points, so it holds
     whatever size the layout later gives the axes."""
-    from matplotlib.transforms import offset_copy
-
     renderer = _renderer(ax.figure)
     axis_box = ax.xaxis.get_tightbbox(renderer)  # None when the x axis draws nothing
     below = 0.0 if axis_box is None else ax.get_window_extent(renderer).y0 - axis_box.y0
