@@ -98,6 +98,21 @@ def test_an_unknown_member_is_refused_in_one_line():
         family.member_configs("attn-9l")
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--seed", "-1"], "--seed: '-1': give a whole number from 0"),
+    (["--seed", "1.5"], "--seed: '1.5': give a whole number from 0"),
+    (["--seed", "99999999999999999999"], "--seed: '99999999999999999999': give a whole number"),
+    (["--processes", "0"], "--processes: '0': give a whole number from 1 to 64"),
+    (["--members", "attn-9l"], "invalid choice: 'attn-9l'"),
+])
+def test_the_command_refuses_a_bad_seed_count_or_member_in_one_line(argv, said, capsys, monkeypatch):
+    monkeypatch.setattr(family, "run", lambda *a, **k: pytest.fail("ran with a bad argument"))
+    with pytest.raises(SystemExit) as stop:
+        family.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and said in err and "Traceback" not in err, err
+
+
 def test_results_that_are_missing_half_written_foreign_or_corrupt_are_refused_in_one_line(tiny, tmp_path, monkeypatch):
     out = tmp_path / "seed-0"
     with pytest.raises(FileNotFoundError, match=r"no family results in .* run `make family SEED=n`"):

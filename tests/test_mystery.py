@@ -101,6 +101,22 @@ def test_the_command_names_the_mysteries_when_given_another(capsys):
     assert "the mysteries are mystery-1, mystery-2, mystery-3" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where, said", [
+    ("a-file", "is a file, not a folder"),
+    ("a-file/below", "is not a folder this user can write"),
+    ("users", "a folder with files this program did not write"),
+])
+def test_the_command_refuses_an_output_it_cannot_write_before_training(tmp_path, capsys, monkeypatch, where, said):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "users" / "mystery-1").mkdir(parents=True)
+    (tmp_path / "users" / "mystery-1" / "notes.txt").write_text("mine")
+    monkeypatch.setattr(M, "train_mystery", lambda *a, **k: pytest.fail("trained before the output was checked"))
+    assert M.main(["mystery-1", "--out", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "users" / "mystery-1" / "notes.txt").read_text() == "mine"
+
+
 # ---- the shipped mysteries ------------------------------------------------------------------------
 def test_three_mysteries_are_shipped_each_a_different_kind_of_circuit():
     assert MYSTERIES == list(M.MYSTERIES) == ["mystery-1", "mystery-2", "mystery-3"]

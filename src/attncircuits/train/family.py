@@ -266,11 +266,28 @@ def table(out: Path) -> str:
     return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
 
 
+def _whole(lo: int, hi: int):
+    """An argparse type: a whole number in [lo, hi], else one line saying what is allowed."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from {lo:,} to {hi:,}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attncircuits.train.family", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--members", nargs="*", choices=list(MEMBERS))
+    p = argparse.ArgumentParser(prog="python -m attncircuits.train.family",
+                                description="Train the model family of chapter 11 (make family [SEED=n]).")
+    p.add_argument("--seed", type=_whole(0, 2**62 - 1), default=0,
+                   help="the family's seed (default 0, the committed results); each seed has its own folder")
+    p.add_argument("--processes", type=_whole(1, 64), default=2,
+                   help="members trained side by side, one thread each (default 2)")
+    p.add_argument("--members", nargs="*", choices=list(MEMBERS), metavar="MEMBER",
+                   help=f"train only these (default all {len(MEMBERS)}): {', '.join(MEMBERS)}")
     a = p.parse_args(argv)
     run(a.seed, a.processes, a.members)
     return 0

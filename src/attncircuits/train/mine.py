@@ -161,6 +161,19 @@ def _trained_steps(folder: Path) -> int | None:
 _IDENTITY = ("kind", "corpus", "files", "vocab")
 
 
+def _unwritable(out: Path) -> str | None:
+    """Why the folder ``out`` cannot be made and written (None: it can), found without leaving
+    anything behind: a probe folder is made and removed in its nearest existing ancestor."""
+    ancestor = next(p for p in (out, *out.parents) if p.exists())
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".train-mine-probe-"))
+    except OSError as err:
+        return f"{ancestor} is not a folder this user can write ({err.strerror})"
+    return None
+
+
 def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]] = RECIPE, vocab: int = VOCAB,
                min_tokens: int = MIN_TOKENS, threads: int | None = 1, side_by_side: bool = True,
                steps: int | None = None) -> Path:
@@ -169,6 +182,8 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
 
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise Refused(f"--steps must be a whole number >= 1 (got {steps!r})")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise Refused(f"--threads must be a whole number >= 1 (got {threads!r})")
     out = Path(os.path.abspath(out))
     files = corpus_files(patterns)
     recipe = scaled(recipe, steps)
@@ -182,6 +197,8 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
         raise Refused(f"{out} holds a set made from other files ({old.get('corpus')}); choose another OUT")
     if old is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise Refused(f"{out} exists and is not a set this command made; choose a new OUT (nothing was written)")
+    if problem := _unwritable(out):
+        raise Refused(f"OUT={out} cannot be made: {problem}; choose another OUT (nothing was written)")
     corpus_dir = out / "corpus"
     try:
         corpus = data.load_corpus(files)  # refuses binary files, one line

@@ -28,6 +28,7 @@ import torch
 
 from attncircuits.analysis import circuit_check as cc
 from attncircuits.checkpoints import mysteries as store
+from attncircuits.checkpoints.pretrained import check_replaceable
 from attncircuits.data.tasks import Grammar, Recall, task_to_dict
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.train.loop import TrainConfig, lr_at, param_groups
@@ -146,6 +147,27 @@ def train_mystery(name: str, out_root: Path | None = None, progress: bool = True
         return store.save_mystery(model, name, tok, meta, history, truth, out_root)
 
 
+def out_problem(out_root: Path | None, names: list[str]) -> str | None:
+    """Why the mysteries ``names`` cannot be written under ``out_root`` (one line), found before any
+    training: a file where the folder should be, a folder this user cannot write, or a folder of
+    the user's own where a mystery would go (nothing of the user's is replaced)."""
+    root = Path(out_root) if out_root is not None else store.MYSTERY_DIR
+    if root.exists() and not root.is_dir():
+        return f"--out {root} is a file, not a folder; name a folder for the mysteries"
+    try:  # the folder is made now (empty), so that one that cannot be is found before training
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as err:
+        return f"--out {root} is not a folder this user can write ({err.strerror}); name another folder"
+    for name in names:
+        try:
+            check_replaceable(root / name, overwrite=True)
+        except FileExistsError as err:
+            return str(err)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attncircuits.train.mystery", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", help=f"mysteries to train (default: all of {', '.join(MYSTERIES)})")
@@ -155,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown mystery {unknown[0]!r}; the mysteries are {', '.join(MYSTERIES)}", file=sys.stderr)
         return 2
+    names = args.names or list(MYSTERIES)
+    if problem := out_problem(args.out, names):
+        print(problem, file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
-    for name in args.names or list(MYSTERIES):
+    for name in names:
         try:
             path = train_mystery(name, args.out)
         except MysteryNotFormed as err:
