@@ -279,7 +279,7 @@ def test_resolve_token(tokenizer):
     assert resolve_token(tokenizer, " self", d_vocab) == self_id
     assert resolve_token(tokenizer, self_id, d_vocab) == self_id
     assert resolve_token(tokenizer, torch.tensor(self_id), d_vocab) == self_id
-    with pytest.raises(ValueError, match=r"not a single token: it splits into \d+ tokens .*pick one of those pieces"):
+    with pytest.raises(ValueError, match=r"not a single token: it splits into \d+ tokens, .* \| .*; pick one of those pieces"):
         resolve_token(tokenizer, "antidisestablishmentarianism", d_vocab)
     with pytest.raises(ValueError, match=r"token id 2048 is outside the vocabulary \[0, 2048\)"):
         resolve_token(tokenizer, 2048, d_vocab)
