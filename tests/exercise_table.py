@@ -1,4 +1,4 @@
-"""A table of answers to the 51 exercise checks: wrong answers, each with the words its message
+"""A table of answers to the 52 exercise checks: wrong answers, each with the words its message
 must contain, and correct answers written another way, which must pass.
 
 Every wrong answer is one of two message classes: ``named`` (the message names the mistake) or
@@ -1020,6 +1020,72 @@ wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3
 right(C, "three V compositions from 0.1", _hyp("mystery-3", M3, M3V))
 right(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]))
 
+def _paths(change):
+    """The reference answer_paths, changed."""
+    return lambda model, tokens: change(*solutions()["answer_paths"](model, tokens), model, tokens)
+
+
+def _paths_per_writer(model, tokens):  # each layer-0 head's virtual head scored alone, then averaged
+    b0, b1 = model.blocks
+    own, U = torch.arange(len(tokens)), model.W_U[:, tokens]
+    with torch.no_grad():
+        shares = [((model.W_E[tokens] @ b0.W_V[w] @ b0.W_O[w] @ b1.W_V @ b1.W_O @ U).argmax(-1) == own)
+                  .float().mean(-1) for w in range(model.cfg.n_heads)]
+    return solutions()["answer_paths"](model, tokens)[0], sum(shares) / len(shares)
+
+
+def _paths_reversed(model, tokens):  # layer 1's OV applied before layer 0's
+    b0, b1 = model.blocks
+    own, layer0 = torch.arange(len(tokens)), (b0.W_V @ b0.W_O).sum(0)
+    with torch.no_grad():
+        virtual = ((model.W_E[tokens] @ b1.W_V @ b1.W_O @ layer0 @ model.W_U[:, tokens]).argmax(-1) == own)
+    return solutions()["answer_paths"](model, tokens)[0], virtual.float().mean(-1)
+
+
+def _paths_all_columns(model, tokens):  # the largest logit over the whole vocabulary
+    b0, b1 = model.blocks
+    layer0 = (b0.W_V @ b0.W_O).sum(0)
+    with torch.no_grad():
+        rows = model.W_E[tokens]
+        out = [((r @ b1.W_V @ b1.W_O @ model.W_U).argmax(-1) == tokens).float().mean(-1) for r in (rows, rows @ layer0)]
+    return tuple(out)
+
+
+def _paths_by_loop(model, tokens):  # one head and one token at a time
+    b0, b1 = model.blocks
+    layer0 = sum(b0.W_V[w] @ b0.W_O[w] for w in range(model.cfg.n_heads))
+    direct, virtual = torch.zeros(model.cfg.n_heads), torch.zeros(model.cfg.n_heads)
+    with torch.no_grad():
+        for h in range(model.cfg.n_heads):
+            ov = b1.W_V[h] @ b1.W_O[h] @ model.W_U[:, tokens]
+            for i, t in enumerate(tokens):
+                direct[h] += int((model.W_E[t] @ ov).argmax() == i) / len(tokens)
+                virtual[h] += int((model.W_E[t] @ layer0 @ ov).argmax() == i) / len(tokens)
+    return direct, virtual
+
+
+C = "ch12.check_answer_paths"
+wrong(C, "direct and virtual swapped", _paths(lambda d, v, m, t: (v, d)), "are swapped", "named")
+wrong(C, "each virtual head alone, averaged", _paths_per_writer, "scored alone and the shares averaged", "named")
+wrong(C, "the OV circuits in the wrong order", _paths_reversed, "in the wrong order", "named")
+wrong(C, "the whole vocabulary's columns", _paths_all_columns, "restrict the columns", "named")
+wrong(C, "zeros", lambda model, tokens: (torch.zeros(4), torch.zeros(4)), "all zeros")
+wrong(C, "NaN in the virtual shares", _paths(lambda d, v, m, t: (d, torch.where(torch.arange(len(v)) == 0, float("nan"), v))),
+      "NaN")
+wrong(C, "percent, not shares", _paths(lambda d, v, m, t: (100 * d, 100 * v)), "100")
+wrong(C, "another head's answer: the heads rolled", _paths(lambda d, v, m, t: (d.roll(1), v.roll(1))),
+      "shifted by one along axis 0")
+wrong(C, "mystery 3's numbers, typed in", lambda model, tokens: (torch.tensor([0.0, 0.0, 0.35, 0.0]),
+                                                                  torch.tensor([1.0, 1.0, 0.0, 0.98])), "values differ by up to")
+wrong(C, "one share for the whole layer", _paths(lambda d, v, m, t: (d.mean().expand(4), v.mean().expand(4))),
+      "mystery-3, 62 tokens")
+wrong(C, "counts, not shares", _paths(lambda d, v, m, t: (d * len(t), v * len(t))), "the answer times 62")
+right(C, "the solution", _sol("answer_paths"))
+right(C, "the package's answer_paths", lambda model, tokens: __import__(
+    "attncircuits.analysis.circuit_check", fromlist=["answer_paths"]).answer_paths(model, tokens))
+right(C, "one head and one token at a time", _paths_by_loop)
+right(C, "lists of floats in a tuple", _paths(lambda d, v, m, t: (d, v)))
+
 exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 
 
@@ -1051,7 +1117,7 @@ def outcome(row: Row) -> tuple[str, str]:
 
 
 def reference_rows() -> list[Row]:
-    """One right answer per check (the first in the table): the 51 checks on the reference solutions."""
+    """One right answer per check (the first in the table): the 52 checks on the reference solutions."""
     first: dict[str, Row] = {}
     for row in ROWS:
         if row.expect == "pass":

@@ -321,3 +321,27 @@ def model_grammar(model, task, n_rows: int = 32, seed: int = 5) -> Tensor:
             picks = logits[:, answers].argmax(-1)
             out[i, j] = answers[picks.bincount(minlength=len(answers)).argmax()]
     return out
+
+
+@torch.no_grad()
+def answer_paths(model, tokens: Int[Tensor, " n"]) -> tuple[Tensor, Tensor]:
+    """Exercise 12.6: which path of a 2-layer model's layer-1 heads copies. For each head ``1.r``,
+    the share of ``tokens`` whose largest logit, among ``tokens``, is the token itself: through its
+    direct OV circuit ``W_E W_OV^{1,r} W_U`` (what it writes for the token it attends to), and
+    through its virtual heads with every layer-0 head, summed,
+    ``W_E (Σ_w W_OV^{0,w}) W_OV^{1,r} W_U`` (what it writes for what layer 0 moved into that
+    position). Returns ``(direct [n_heads], virtual [n_heads])``."""
+    if model.cfg.n_layers != 2:
+        raise ValueError(f"answer_paths reads a 2-layer model's paths; this one has {model.cfg.n_layers} layers")
+    b0, b1 = model.blocks
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    embed, unembed = model.W_E[tokens], model.W_U[:, tokens]
+    layer0 = torch.einsum("hdk,hkm->dm", b0.W_V, b0.W_O)  # Σ_w W_OV^{0,w}, [d_model, d_model]
+    own = torch.arange(len(tokens))
+
+    def copies(rows: Tensor) -> Tensor:  # [head, n, d_model] -> share of rows whose own logit is largest
+        logits = torch.einsum("hnd,hdk,hkm,mv->hnv", rows, b1.W_V, b1.W_O, unembed)
+        return (logits.argmax(-1) == own).float().mean(-1)
+
+    n_heads = model.cfg.n_heads
+    return copies(embed.expand(n_heads, -1, -1)), copies((embed @ layer0).expand(n_heads, -1, -1))

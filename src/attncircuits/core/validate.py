@@ -274,9 +274,8 @@ def token(tokenizer, value: Any, d_vocab: int | None = None, ids: bool = True, n
         if len(found) != 1:
             pieces = ["".join({v: k for k, v in VISIBLE_WHITESPACE.items()}.get(c, c) for c in tokenizer.decode([i])) for i in found]
             raise ValueError(
-                f"{value!r} is not a single token: it splits into {len(found)} tokens, "
-                f"{' | '.join(pieces)}; pick one of those pieces"
-                f"{f', or an id in [0, {d_vocab})' if ids else ''}"
+                f"{value!r} is not a single token: it splits into {len(found)} tokens, {' | '.join(pieces)}; "
+                f"pick one of those pieces{f', or an id in [0, {d_vocab})' if ids else ''}"
             )
         if found[0] >= d_vocab:
             raise ValueError(f"{value!r} is token id {found[0]}, outside the vocabulary [0, {d_vocab}) of this model")

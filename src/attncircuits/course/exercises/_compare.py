@@ -229,7 +229,12 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
         c = float((gf * ef).sum()) / denom
         if abs(c - 1) > 1e-3 and abs(c) > 1e-12 and _close(g, e * c, atol, rtol * 10):
             name = _factor_name(c, {**dims, **{f"length of axis {i}": n for i, n in enumerate(e.shape)}})
-            return name or f"off by a constant factor: your values are {c:.4g} times the answer"
+            if name:
+                return name
+            # an unnamed factor only where two entries or more of the answer are not zero (with one,
+            # any other value is "a factor") and it is not within 2% of 1 (rounded numbers)
+            if int((ef != 0).sum()) >= 2 and abs(c - 1) > 0.02:
+                return f"off by a constant factor: your values are {c:.4g} times the answer"
     g, e, fin = full_g, full_e, full_fin
     diff = (g - e).abs().masked_fill(~fin, 0)
     idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))

@@ -1,5 +1,6 @@
 """Checks for chapter 12 (Mystery models): attention to an earlier copy, the circuit's two shares, the
-learner's hypotheses about two mystery models, and mystery 2's grammar read from the model.
+learner's hypotheses about two mystery models, mystery 2's grammar read from the model, and which
+path of mystery 3's layer-1 heads copies.
 
 The first two and the grammar run the learner's function against the references in
 :mod:`attncircuits.analysis.circuit_check`; the grammar is checked on the shipped model and on
@@ -16,14 +17,15 @@ import copy
 
 import torch
 
-from attncircuits.analysis.circuit_check import circuit_shares, copy_attention, model_grammar
+from attncircuits.analysis.circuit_check import answer_paths, circuit_shares, copy_attention, model_grammar
 from attncircuits.analysis.circuits import full_ov_circuit
 from attncircuits.course import grader
 from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, run_check
 from attncircuits.data.tasks import Repeated
 
-__all__ = ["check_copy_attention", "check_circuit_shares", "check_mystery_2", "check_grammar_2", "check_mystery_3"]
+__all__ = ["check_copy_attention", "check_circuit_shares", "check_mystery_2", "check_grammar_2", "check_mystery_3",
+           "check_answer_paths"]
 
 
 def _mystery_case(name: str, layer: int, shift: int) -> Case:
@@ -197,3 +199,62 @@ def check_mystery_3(fn) -> bool:
     """Exercise 12.4: ``hypothesis_3() -> dict``, graded against mystery-3."""
     cases, compare = _graded("mystery-3")
     return run_check(fn, cases, compare=compare)
+
+
+def _paths_wrong(model, tokens, how: str):
+    """:func:`answer_paths` done in one of the ways a learner gets it wrong (``how``)."""
+    b0, b1 = model.blocks
+    embed, own = model.W_E[tokens], torch.arange(len(tokens))
+    cols = slice(None) if how == "all-columns" else tokens
+    target = tokens if how == "all-columns" else own
+    ov = lambda b, h: b.W_V[h] @ b.W_O[h]  # noqa: E731
+    with torch.no_grad():
+        def share(rows, second):
+            return ((rows @ second @ model.W_U[:, cols]).argmax(-1) == target).float().mean().item()
+        heads = range(model.cfg.n_heads)
+        layer0 = sum(ov(b0, w) for w in heads)
+        direct = [share(embed, ov(b1, r)) for r in heads]
+        if how == "each-alone":
+            virtual = [sum(share(embed @ ov(b0, w), ov(b1, r)) for w in heads) / len(heads) for r in heads]
+        elif how == "reversed":
+            virtual = [share(embed @ ov(b1, r), layer0) for r in heads]
+        else:
+            virtual = [share(embed @ layer0, ov(b1, r)) for r in heads]
+    return torch.tensor(direct), torch.tensor(virtual)
+
+
+def _paths_case(name: str, tokens=None, permuted_seed: int | None = None, kind: str = "shipped") -> Case:
+    model = grader.grader_for(name).model
+    tokens = torch.arange(2, model.cfg.d_vocab) if tokens is None else tokens
+    label = f"{name}, {len(tokens)} tokens"
+    if permuted_seed is not None:
+        model = copy.deepcopy(model)
+        g = torch.Generator().manual_seed(permuted_seed)
+        with torch.no_grad():
+            model.W_U[:, tokens] = model.W_U[:, tokens[torch.randperm(len(tokens), generator=g)]].clone()
+        label += f", its unembedding columns permuted (seed {permuted_seed})"
+    return Case(label, (model, tokens), kind=kind)
+
+
+@guarded
+def check_answer_paths(fn) -> bool:
+    """Exercise 12.6: ``answer_paths(model, tokens) -> (direct [n_heads], virtual [n_heads])``."""
+    some = torch.randperm(62, generator=torch.Generator().manual_seed(3))[:20] + 2
+    cases = [_paths_case("mystery-3"), _paths_case("mystery-1"),
+             _paths_case("mystery-3", some.sort().values, kind="random"),
+             _paths_case("mystery-1", permuted_seed=4, kind="hand-built")]
+    return run_check(
+        fn, cases, answer_paths,
+        [
+            Diagnosis("direct and virtual are swapped: return (direct, virtual)", lambda e, c: (e[1], e[0])),
+            Diagnosis("each layer-0 head's virtual head was scored alone and the shares averaged: sum "
+                      "the layer-0 heads' OV circuits first (the position holds what all of them "
+                      "wrote), then score", lambda e, c: _paths_wrong(*c.args, "each-alone")),
+            Diagnosis("the OV circuits are multiplied in the wrong order: layer 0 writes first, so "
+                      "W_E W_OV^0 W_OV^1 W_U", lambda e, c: _paths_wrong(*c.args, "reversed")),
+            Diagnosis("the largest logit was taken over the whole vocabulary: restrict the columns "
+                      "to `tokens` too", lambda e, c: _paths_wrong(*c.args, "all-columns")),
+        ],
+        name="answer_paths",
+        outputs=("direct", "virtual"),
+    )
