@@ -62,6 +62,7 @@ class PhaseChange:
     head: tuple[int, int]  # the best induction head (highest prefix-matching score at any step)
     best: float  # its highest score
     window: Rise | None  # its rise window, None when it never reached FORMED
+    formed_step: int | None = None  # the first evaluated step at which it reached FORMED
 
     def describe(self, tokens_per_step: int) -> str:
         if not self.formed:
@@ -88,7 +89,8 @@ def phase_change(history: dict, threshold: float = FORMED) -> PhaseChange:
     traj = pm[:, head[0], head[1]]
     best = float(traj.max())
     formed = best >= threshold
-    return PhaseChange(formed, head, best, rise(history["step"], traj) if formed else None)
+    at = int(np.asarray(history["step"])[np.argmax(traj >= threshold)]) if formed else None
+    return PhaseChange(formed, head, best, rise(history["step"], traj) if formed else None, at)
 
 
 def icl_across(icl, window: Rise | None, n: int = 4) -> tuple[float, float]:
