@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +60,21 @@ def write_text(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(new, path)
     fsync_dir(path.parent)
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be made and written into (None: it can), found before any work and
+    without leaving anything behind: a probe folder is made and removed in its nearest existing
+    ancestor (``folder`` itself when it exists)."""
+    folder = Path(os.path.abspath(folder))
+    ancestor = next(p for p in (folder, *folder.parents) if p.exists())
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".probe-"))
+    except OSError as err:
+        return f"{ancestor} cannot be written ({err.strerror})"
+    return None
 
 
 def remove(path: Path) -> None:

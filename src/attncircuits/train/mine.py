@@ -36,6 +36,7 @@ from pathlib import Path
 from attncircuits import data
 from attncircuits.checkpoints import modelset
 from attncircuits.checkpoints.pretrained import is_checkpoint_dir
+from attncircuits.core import durable
 from attncircuits.data.split import MAX_REPEATED, repeated_share
 from attncircuits.train import enough
 from attncircuits.train.loop import prepare_corpus
@@ -161,19 +162,6 @@ def _trained_steps(folder: Path) -> int | None:
 _IDENTITY = ("kind", "corpus", "files", "vocab")
 
 
-def _unwritable(out: Path) -> str | None:
-    """Why the folder ``out`` cannot be made and written (None: it can), found without leaving
-    anything behind: a probe folder is made and removed in its nearest existing ancestor."""
-    ancestor = next(p for p in (out, *out.parents) if p.exists())
-    if not ancestor.is_dir():
-        return f"{ancestor} is a file"
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".train-mine-probe-"))
-    except OSError as err:
-        return f"{ancestor} is not a folder this user can write ({err.strerror})"
-    return None
-
-
 def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]] = RECIPE, vocab: int = VOCAB,
                min_tokens: int = MIN_TOKENS, threads: int | None = 1, side_by_side: bool = True,
                steps: int | None = None) -> Path:
@@ -197,7 +185,7 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
         raise Refused(f"{out} holds a set made from other files ({old.get('corpus')}); choose another OUT")
     if old is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise Refused(f"{out} exists and is not a set this command made; choose a new OUT (nothing was written)")
-    if problem := _unwritable(out):
+    if problem := durable.unwritable(out):
         raise Refused(f"OUT={out} cannot be made: {problem}; choose another OUT (nothing was written)")
     corpus_dir = out / "corpus"
     try:

@@ -29,6 +29,7 @@ import torch
 from attncircuits.analysis import circuit_check as cc
 from attncircuits.checkpoints import mysteries as store
 from attncircuits.checkpoints.pretrained import check_replaceable
+from attncircuits.core import durable
 from attncircuits.data.tasks import Grammar, Recall, task_to_dict
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.train.loop import TrainConfig, lr_at, param_groups
@@ -154,12 +155,8 @@ def out_problem(out_root: Path | None, names: list[str]) -> str | None:
     root = Path(out_root) if out_root is not None else store.MYSTERY_DIR
     if root.exists() and not root.is_dir():
         return f"--out {root} is a file, not a folder; name a folder for the mysteries"
-    try:  # the folder is made now (empty), so that one that cannot be is found before training
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=root):
-            pass
-    except OSError as err:
-        return f"--out {root} is not a folder this user can write ({err.strerror}); name another folder"
+    if problem := durable.unwritable(root):
+        return f"--out {root} is not a folder this user can write: {problem}; name another folder"
     for name in names:
         try:
             check_replaceable(root / name, overwrite=True)
