@@ -142,3 +142,52 @@ def test_the_chapter_reads_the_folder_the_environment_names(monkeypatch, tmp_pat
     monkeypatch.setenv(family.RESULTS_ENV, str(tmp_path))
     assert family.results_dir() == tmp_path
     assert claims.models_in_use() == str(tmp_path)  # its claims print instead of failing
+
+
+class Killed(BaseException):
+    """A SIGKILL at one point of a member's last writes: nothing after it runs."""
+
+
+@pytest.mark.parametrize("point", ["losses", "results", "tidying"])
+def test_a_kill_at_any_point_of_a_members_last_writes_is_completed_by_a_rerun(tiny, tmp_path, point):
+    """The losses (.npz), then the results (.json) that mark the member done, then the saved state
+    removed: killed before any of the three, a rerun gives the results of a run never killed."""
+    (tmp_path / "whole").mkdir()
+    whole = family.train_member("attn-1l", 0, tmp_path / "whole", STREAMS)
+    out = tmp_path / "seed-0"
+    out.mkdir()
+    replace, write_text, unlink = family.os.replace, family.durable.write_text, type(out).unlink
+
+    def killed(*_):
+        raise Killed(point)
+
+    with pytest.MonkeyPatch.context() as mp:
+        if point == "losses":  # the .npz.new written, not yet in place
+            mp.setattr(family.os, "replace", lambda a, b: killed() if str(b).endswith(".npz") else replace(a, b))
+        elif point == "results":
+            mp.setattr(family.durable, "write_text", lambda f, t: killed() if f.suffix == ".json" else write_text(f, t))
+        else:
+            mp.setattr(type(out), "unlink", lambda f, **k: killed() if f.suffix == ".pt" else unlink(f, **k))
+        with pytest.raises(Killed):
+            family.train_member("attn-1l", 0, out, STREAMS)
+    done = (out / "attn-1l.json").is_file()
+    assert done == (point == "tidying")  # done only once its results are written, whole
+    if not done:
+        assert (out / "attn-1l.partial.pt").is_file()  # the last saved state, for the rerun
+        family.train_member("attn-1l", 0, out, STREAMS)
+    again = family.load(out)["attn-1l"]
+    assert again["history"] == whole["history"] and again["final_scores"] == whole["final_scores"]
+    assert np.array_equal(again["per_token"], np.load(tmp_path / "whole" / "attn-1l.npz")["per_token"])
+
+
+def test_a_saved_state_that_does_not_read_stops_make_family_in_one_line_before_training(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "seed-0"
+    out.mkdir()
+    (out / "attn-1l.partial.pt").write_bytes(b"half a file")
+    monkeypatch.setattr(family, "train_member", lambda *a, **k: pytest.fail("trained with a bad saved state"))
+    with pytest.raises(SystemExit, match=r"attn-1l.partial.pt does not read \(.*\); delete it to train attn-1l from"):
+        family.run(seed=0, processes=1, members=["ln-mlp-1l", "attn-1l"], out=out, streams=STREAMS)
+    (out / "recipe.json").write_text("{")
+    (out / "attn-1l.partial.pt").unlink()
+    with pytest.raises(SystemExit, match=r"recipe.json does not read; move .* away"):
+        family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)

@@ -115,7 +115,7 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
     mcfg, cfg = member_configs(name, seed)
     tr, va = streams if streams is not None else live_streams(mcfg.d_vocab)
     partial = out / f"{name}.partial.pt"
-    state = torch.load(partial, weights_only=False) if partial.is_file() else None
+    state = _partial_state(partial, name)
     fixed = {}  # the same windows and positions for every member, read at the first evaluation
     kept = state["kept"] if state else {"per_token": [], "icl": [], "icl_se": []}
     every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
@@ -158,10 +158,32 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
         "fixed_windows": N_WINDOWS, "fixed_positions": fixed_positions(mcfg.n_ctx).tolist(),
         "final_scores": {k: v.tolist() for k, v in scores.scores.items()},
     }
-    np.savez_compressed(out / f"{name}.npz", per_token=np.stack(kept["per_token"]))
+    # the losses first, then the results that mark the member done: a kill between the two leaves
+    # it not done, and a rerun trains it again from its last saved state
+    npz = out / f"{name}.npz"
+    with open(npz.with_suffix(".npz.new"), "wb") as f:
+        np.savez_compressed(f, per_token=np.stack(kept["per_token"]))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(npz.with_suffix(".npz.new"), npz)
     durable.write_text(out / f"{name}.json", json.dumps(result) + "\n")
     partial.unlink(missing_ok=True)
     return result
+
+
+def _partial_state(partial: Path, name: str) -> dict | None:
+    """The state an interrupted member left (None: there is none); one that does not read (a disk
+    that filled, a file from elsewhere) raises one line naming the file to delete."""
+    if not partial.is_file():
+        return None
+    try:
+        state = torch.load(partial, weights_only=False)
+        if not {"kept", "step"} <= set(state):
+            raise KeyError("not a member's saved state")
+    except Exception as err:  # noqa: BLE001 - pickle, zip and torch each raise their own
+        raise RuntimeError(f"{partial} does not read ({type(err).__name__}); delete it to train {name} "
+                           "from the start") from None
+    return state
 
 
 def _cost(name: str) -> int:
@@ -188,11 +210,21 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
     out.mkdir(parents=True, exist_ok=True)
     rid = recipe_id(seed)
     id_file = out / "recipe.json"
-    if id_file.is_file() and json.loads(id_file.read_text()) != rid:
-        raise SystemExit(f"{id_file} was written by another recipe; move {out} away to train this one")
-    durable.write_text(id_file, json.dumps(rid, indent=1) + "\n")
+    if id_file.is_file():
+        try:
+            theirs = json.loads(id_file.read_text())
+        except ValueError:
+            raise SystemExit(f"{id_file} does not read; move {out} away to train this recipe") from None
+        if theirs != rid:
+            raise SystemExit(f"{id_file} was written by another recipe; move {out} away to train this one")
     asked = list(members or MEMBERS)
     todo = [n for n in asked if not (out / f"{n}.json").is_file()]
+    for n in todo:  # a saved state that does not read stops the run here, before any training
+        try:
+            _partial_state(out / f"{n}.partial.pt", n)
+        except RuntimeError as err:
+            raise SystemExit(str(err)) from None
+    durable.write_text(id_file, json.dumps(rid, indent=1) + "\n")
     todo.sort(key=lambda n: -_cost(n))  # the longest first, so the two processes end together
     print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)}", flush=True)
     jobs = [(n, seed, out, streams) for n in todo]
