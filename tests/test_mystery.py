@@ -105,9 +105,11 @@ def test_the_command_names_the_mysteries_when_given_another(capsys):
     ("a-file", "is a file, not a folder"),
     ("a-file/below", "is not a folder this user can write"),
     ("users", "a folder with files this program did not write"),
+    ("loop", "is a symbolic link that does not resolve (a loop)"),
 ])
 def test_the_command_refuses_an_output_it_cannot_write_before_training(tmp_path, capsys, monkeypatch, where, said):
     (tmp_path / "a-file").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     (tmp_path / "users" / "mystery-1").mkdir(parents=True)
     (tmp_path / "users" / "mystery-1" / "notes.txt").write_text("mine")
     monkeypatch.setattr(M, "train_mystery", lambda *a, **k: pytest.fail("trained before the output was checked"))
@@ -115,6 +117,19 @@ def test_the_command_refuses_an_output_it_cannot_write_before_training(tmp_path,
     err = capsys.readouterr().err.strip()
     assert said in err and len(err.splitlines()) == 1, err
     assert (tmp_path / "users" / "mystery-1" / "notes.txt").read_text() == "mine"
+
+
+def test_a_link_to_a_missing_folder_as_out_names_the_folder_to_write(tmp_path, monkeypatch, capsys):
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    written = []
+
+    def train(name, root):
+        written.append(root)
+        raise M.MysteryNotFormed("stopped here")
+
+    monkeypatch.setattr(M, "train_mystery", train)
+    assert M.main(["mystery-1", "--out", str(tmp_path / "link")]) == 1
+    assert written == [tmp_path / "target"] and (tmp_path / "link").is_symlink()
 
 
 # ---- the shipped mysteries ------------------------------------------------------------------------

@@ -62,6 +62,19 @@ def write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def real_folder(given: Path | str, label: str = "") -> Path:
+    """``given`` as the real folder a command will write: symbolic links resolved (a link to a
+    missing folder names the folder to create); a loop, or a root, raises ValueError in one line
+    that starts with ``label`` (the option, as the user typed it: ``"--out "``, ``"OUT="``)."""
+    out = Path(os.path.abspath(given))
+    real = Path(os.path.realpath(out))
+    if real.is_symlink() or (out.is_symlink() and real == out):
+        raise ValueError(f"{label}{given} is a symbolic link that does not resolve (a loop); name a real folder")
+    if not real.name or real.parent == real:
+        raise ValueError(f"{label}{given} is not a folder this program can create; name a new folder")
+    return real
+
+
 def unwritable(folder: Path) -> str | None:
     """Why ``folder`` cannot be made and written into (None: it can), found before any work and
     without leaving anything behind: a probe folder is made and removed in its nearest existing

@@ -106,15 +106,11 @@ def check_device(name: str | None) -> str | None:
 
 
 def resolve_out(given: Path) -> Path:
-    """``--out`` as the real folder the run will be renamed into: symbolic links resolved (a link to
-    a missing folder names the folder to create), a loop or a link onto a file refused."""
-    out = Path(os.path.abspath(given))
-    real = Path(os.path.realpath(out))
-    if real.is_symlink() or (out.is_symlink() and real == out):
-        raise Refused(f"--out {given} is a symbolic link that does not resolve (a loop); name a real folder")
-    if not real.name or real.parent == real:
-        raise Refused(f"--out {given} is not a folder this program can create; name a new folder")
-    return real
+    """``--out`` as the real folder the run will be renamed into (:func:`durable.real_folder`)."""
+    try:
+        return durable.real_folder(given, "--out ")
+    except ValueError as err:
+        raise Refused(str(err)) from None
 
 
 def check_args(args) -> tuple[dict, TrainConfig, Path]:

@@ -172,7 +172,10 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
         raise Refused(f"--steps must be a whole number >= 1 (got {steps!r})")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise Refused(f"--threads must be a whole number >= 1 (got {threads!r})")
-    out = Path(os.path.abspath(out))
+    try:
+        out = durable.real_folder(out, "OUT=")
+    except ValueError as err:
+        raise Refused(str(err)) from None
     files = corpus_files(patterns)
     recipe = scaled(recipe, steps)
     base = f"make train-mine CORPUS='{' '.join(patterns)}' OUT={out}"

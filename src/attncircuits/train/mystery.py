@@ -152,7 +152,10 @@ def out_problem(out_root: Path | None, names: list[str]) -> str | None:
     """Why the mysteries ``names`` cannot be written under ``out_root`` (one line), found before any
     training: a file where the folder should be, a folder this user cannot write, or a folder of
     the user's own where a mystery would go (nothing of the user's is replaced)."""
-    root = Path(out_root) if out_root is not None else store.MYSTERY_DIR
+    try:
+        root = durable.real_folder(out_root if out_root is not None else store.MYSTERY_DIR, "--out ")
+    except ValueError as err:
+        return str(err)
     if root.exists() and not root.is_dir():
         return f"--out {root} is a file, not a folder; name a folder for the mysteries"
     if problem := durable.unwritable(root):
@@ -179,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    root = durable.real_folder(args.out) if args.out is not None else None  # a link: the folder it names
     for name in names:
         try:
-            path = train_mystery(name, args.out)
+            path = train_mystery(name, root)
         except MysteryNotFormed as err:
             print(err, file=sys.stderr)
             return 1
