@@ -190,6 +190,11 @@ def wrong_hypotheses(name) -> list[tuple[str, dict]]:
     for role in roles:  # the right heads, that role wrong
         for wrong in [r for r in cc.ROLES if r != role][: 3 if len(roles) > 1 else None]:
             hyp(f"the {role} heads as {wrong}", {k: wrong if r == role else r for k, r in heads.items()})
+    for role in roles:  # one head of a role left out, with its compositions: another does its work
+        of_role = [k for k, r in heads.items() if r == role]
+        if len(of_role) > 1:
+            x = of_role[-1]
+            hyp(f"{x} left out", {k: r for k, r in heads.items() if k != x}, [c for c in comps if x not in c[:2]])
     for x in list(heads)[:2]:  # one head's role wrong
         hyp(f"{x} as copying", {**heads, x: "copying" if heads[x] != "copying" else "induction"})
     for x in list(heads)[:2]:
@@ -222,6 +227,23 @@ def test_at_least_ten_wrong_hypotheses_each_fail_saying_what_was_measured(name, 
         assert not result.passed, f"{name}: the wrong hypothesis '{label}' passes"
         assert result.failures and all(any(ch.isdigit() for ch in f) for f in result.failures), (label, result.failures)
         assert result.lines[-1].startswith("✗ not yet:") and "explain " in result.lines[-1] and " of the task" in result.lines[-1], result.lines
+
+
+@pytest.mark.parametrize("name", MYSTERIES)
+def test_a_head_left_out_is_told_without_naming_it(name):
+    """Where the head left out backs up a named one (mysteries 1 and 3: two heads of a role doing
+    one job), the grader says a head does a named one's work; never which head it is. (Mystery 2's
+    two heads each do a different half of the grammar: one left out fails faithfulness.)"""
+    true = _truth(name)
+    for label, h in wrong_hypotheses(name):
+        if label.endswith(" left out"):
+            missing = label.split()[0]
+            text = "\n".join(grader.grade(h, show=False).failures)
+            if name != "mystery-2":
+                assert "left out: without " in text and "a head you did not name does" in text, (label, text)
+            assert missing not in text, (label, text)  # never the answer
+    g = grader.grader_for(name)  # the true circuit: removing its heads costs it what it costs the model
+    assert cc.left_out(g.ablator, g.parse(true).heads).gap < cc.LEFT_OUT / 4
 
 
 def test_a_wrong_hypothesis_is_told_what_fails_not_the_answer():
@@ -260,6 +282,7 @@ def test_bad_input_is_refused_in_one_line_naming_what_is_allowed(name, bad, says
     ([("0.0", "1.0", "X")], "is not one of Q, K, V"),
     ([("0.0", "1.2", "K")], "which has no role in 'heads'"),
     (["0.0->1.0"], "a composition is (writer, reader, kind)"),
+    ([("0.0", "1.0", "V"), ("0.0", "1.0", "v")], "composition 0.0->1.0 V is named twice"),
 ])
 def test_bad_compositions_are_refused_in_one_line(comps, says):
     h = {"model": "mystery-3", "heads": {"0.0": "previous-token", "0.1": "previous-token", "1.0": "duplicate-token"},

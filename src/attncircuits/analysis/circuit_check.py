@@ -39,6 +39,7 @@ from attncircuits.data.tasks import Repeated
 FAITHFUL = 0.8  # the share of the task a circuit must recover with every other head ablated
 COMPLETE = 0.8  # the share of the task that ablating the circuit must destroy
 NEEDED = 0.05  # a named head must add at least this share of the task to the rest of the circuit
+LEFT_OUT = 0.2  # removing heads from the circuit may lose at most this much more than from the model
 COMPOSES = 3.0  # a composition is real when its score is this many baseline deviations above chance
 KINDS = ("Q", "K", "V")
 # a head attends "where its role says" when a quarter of its attention goes there, averaged over
@@ -251,6 +252,35 @@ def group_shares(ab: "Ablator", heads: dict[Head, str]) -> dict[str, float]:
     ablated too, the rest of ``heads`` kept (the others ablated): what the role adds."""
     full = ab.faithfulness(heads)
     return {role: full - ab.faithfulness([h for h, r in heads.items() if r != role]) for role in sorted(set(heads.values()))}
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """The named heads ``removed`` (one head, or one role's heads): the share of the task the rest
+    of the circuit recovers, and the share the rest of the model recovers."""
+
+    removed: tuple[Head, ...]
+    in_circuit: float
+    in_model: float
+
+    @property
+    def gap(self) -> float:
+        return self.in_model - self.in_circuit
+
+
+def left_out(ab: "Ablator", heads: dict[Head, str]) -> LeftOut:
+    """The largest gap between removing named heads from the circuit and from the whole model,
+    over each named head and each role's heads (the completeness test of Wang et al. 2022's IOI
+    circuit). A head left out of the hypothesis that does the work of a named one shows here: the
+    model without the named head still has it, the circuit does not."""
+    groups = [(h,) for h in sorted(heads)]
+    groups += [tuple(h for h in sorted(heads) if heads[h] == role) for role in sorted(set(heads.values()))]
+    found = []
+    for removed in dict.fromkeys(groups):
+        kept = [h for h in heads if h not in removed]
+        rest = [h for h in ab.heads if h not in removed]
+        found.append(LeftOut(removed, ab.faithfulness(kept), ab.faithfulness(rest)))
+    return max(found, key=lambda x: x.gap)
 
 
 def derive_circuit(model, task) -> dict:

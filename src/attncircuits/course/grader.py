@@ -18,7 +18,12 @@ The grader knows no answer. It measures what the hypothesis claims, with the cou
 3. each **role's share**: ablating the heads of one role from the named circuit must lose at least
    ``NEEDED`` of the task (a head that does nothing for the task is not part of its circuit);
 4. the **circuit** by mean-ablation: faithfulness (the named heads alone, every other head
-   ablated) and completeness (the named heads ablated) at least ``FAITHFUL`` and ``COMPLETE``.
+   ablated) and completeness (the named heads ablated) at least ``FAITHFUL`` and ``COMPLETE``;
+5. **nothing left out**: removing a named head, or one role's heads, from the circuit loses at
+   most ``LEFT_OUT`` more of the task than removing them from the whole model
+   (:func:`~attncircuits.analysis.circuit_check.left_out`): an unnamed head that does a named
+   one's work (a second induction head beside the one named) fails it, though the named heads
+   alone may recover the task and their ablation, which cuts the path it sits on, destroy it.
 
 :meth:`Grader.grade` prints the numbers and one line for each part that fails, saying what was
 measured, never what the answer is. A hypothesis that cannot be graded (a head the model lacks,
@@ -115,6 +120,9 @@ def parse(hypothesis, model_name: str, n_layers: int, n_heads: int) -> Hypothesi
             if x not in heads:
                 raise HypothesisError(f"composition {head_name(*w)}->{head_name(*r)} names head {head_name(*x)}, "
                                       "which has no role in 'heads'; give it one or drop the composition")
+        if (w, r, kind) in comps:
+            raise HypothesisError(f"composition {head_name(*w)}->{head_name(*r)} {kind} is named twice; "
+                                  "name each (writer, reader, kind) once")
         comps.append((w, r, kind))
     return Hypothesis(model_name, heads, tuple(comps))
 
@@ -223,11 +231,19 @@ class Grader:
                              "(chapter 6's ablations)")
         faith, comp = ab.faithfulness(hyp.heads), ab.completeness(hyp.heads)
         if faith < cc.FAITHFUL:
-            alone = f"recover {faith:.0%} of the task" if faith >= 0 else "do worse than no heads at all"
-            fails.append(f"faithfulness: the named heads alone {alone}, needs {cc.FAITHFUL:.0%}")
+            fails.append(f"faithfulness: the named heads alone {_recover(faith)}, needs {cc.FAITHFUL:.0%}")
         if comp < cc.COMPLETE:
             fails.append(f"completeness: ablating the named heads removes {comp:.0%} of the task, needs "
                          f"{cc.COMPLETE:.0%}")
+        gap = cc.left_out(ab, hyp.heads)
+        if gap.gap > cc.LEFT_OUT:
+            names = ", ".join(head_name(*h) for h in gap.removed)
+            which, whose = ((names, f"{names}'s") if len(gap.removed) == 1 else
+                            (f"the {hyp.heads[gap.removed[0]]} heads ({names})", "their"))
+            model = f"{gap.in_model:.0%}" if gap.in_model >= 0 else "less than none"
+            fails.append(f"left out: without {which}, the other named heads {_recover(gap.in_circuit)} and the "
+                         f"whole model {model}: a head you did not name does {whose} work too (at most "
+                         f"{cc.LEFT_OUT:.0%} apart; chapter 6's ablations)")
         n_h, n_c = len(hyp.heads), len(hyp.compositions)
         lines = [f"{self.name}: {n_h} head{'s' * (n_h != 1)}, {n_c} composition{'s' * (n_c != 1)} named",
                  f"  faithfulness {faith:.2f}  completeness {comp:.2f}  (each needs "
@@ -241,6 +257,10 @@ class Grader:
         else:
             lines.append("✓ passes: every role, composition and ablation checks out")
         return Grade(not fails, faith, comp, fails, lines)
+
+
+def _recover(share: float) -> str:
+    return f"recover {share:.0%} of the task" if share >= 0 else "do worse than no heads at all"
 
 
 @functools.lru_cache(maxsize=None)
