@@ -330,14 +330,18 @@ def test_the_command_refuses_in_one_line_before_any_training(corpus, tmp_path, c
                       ([f"{corpus}/**/*.py", "--out", str(tmp_path / "a-file" / "set")],
                        f"OUT={tmp_path / 'a-file' / 'set'} cannot be made: {tmp_path / 'a-file'} is a file"),
                       ([f"{corpus}/**/*.py", "--out", str(tmp_path / "loop")],
-                       f"OUT={tmp_path / 'loop'} is a symbolic link that does not resolve (a loop)")):
+                       f"OUT={tmp_path / 'loop'} is a symbolic link that does not resolve (a loop)"),
+                      ([f"{corpus}/**/*.py", "--out", str(tmp_path / "broken")],
+                       f"{tmp_path / 'broken' / 'set.json'} does not read (JSONDecodeError); choose another OUT")):
         (tmp_path / "a-file").write_text("mine")
         if not (tmp_path / "loop").is_symlink():
             (tmp_path / "loop").symlink_to(tmp_path / "loop")
+            (tmp_path / "broken").mkdir()
+            (tmp_path / "broken" / "set.json").write_text('{"kind": "own co')  # a disk that filled
         with pytest.raises(SystemExit) as stop:
             mine.main([*argv, "--out", str(tmp_path / "set")] if "--out" not in argv else argv)
         assert stop.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"python -m attncircuits.train.mine: error: {why}"), err
     assert not (tmp_path / "set").exists() and (tmp_path / "a-file").read_text() == "mine"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "echo", "loop"]  # no probe folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "broken", "echo", "loop"]  # no probe left

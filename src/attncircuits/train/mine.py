@@ -183,7 +183,13 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
     command = base + (f" STEPS={steps}" if steps is not None else "")
     info = {"kind": "own corpus", "corpus": patterns, "files": len(files), "vocab": vocab, "command": command,
             "steps": n_steps}
-    old = json.loads((out / modelset.SET_FILE).read_text()) if (out / modelset.SET_FILE).is_file() else None
+    try:
+        old = json.loads((out / modelset.SET_FILE).read_text()) if (out / modelset.SET_FILE).is_file() else None
+        if old is not None and not isinstance(old, dict):
+            raise ValueError("not a set's record")
+    except (ValueError, OSError) as err:
+        raise Refused(f"{out / modelset.SET_FILE} does not read ({type(err).__name__}); choose another OUT, or "
+                      f"move {out} away to make the set anew (nothing was written)") from None
     if old is not None and {k: old.get(k) for k in _IDENTITY} != {k: info[k] for k in _IDENTITY}:
         raise Refused(f"{out} holds a set made from other files ({old.get('corpus')}); choose another OUT")
     if old is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -199,13 +205,13 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
         tok_path = check_corpus(corpus, vocab, min_tokens)
         try:
             out.mkdir(parents=True, exist_ok=True)
-            (out / modelset.SET_FILE).write_text(json.dumps(info) + "\n")
+            durable.write_text(out / modelset.SET_FILE, json.dumps(info) + "\n")
             prepare_corpus(vocab, corpus_dir, corpus=corpus, tokenizer_path=tok_path)
         finally:
             tok_path.unlink(missing_ok=True)
     else:  # this command (its STEPS resume a half-written model); the last checks stand until new ones
         kept = {k: old[k] for k in ("checks", "failed", "train_further") if old is not None and k in old}
-        (out / modelset.SET_FILE).write_text(json.dumps({**info, **kept}, indent=1) + "\n")
+        durable.write_text(out / modelset.SET_FILE, json.dumps({**info, **kept}, indent=1) + "\n")
     flags = {}
     for name in modelset.SET_MODEL_NAMES:
         flags[name] = ["--preset", name, "--corpus-files", *map(str, files),
@@ -219,7 +225,7 @@ def train_mine(patterns: list[str], out: str | Path, recipe: dict[str, list[str]
     modelset.check(out)
     checks = enough.set_checks(out, corpus_dir)
     info.update(enough.as_record(checks, f"{base} STEPS={2 * n_steps}"))
-    (out / modelset.SET_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    durable.write_text(out / modelset.SET_FILE, json.dumps(info, indent=1) + "\n")
     return out
 
 
