@@ -270,7 +270,7 @@ class LeftOut:
 
 def left_out(ab: "Ablator", heads: dict[Head, str]) -> LeftOut:
     """The largest gap between removing named heads from the circuit and from the whole model,
-    over each named head and each role's heads (the completeness test of Wang et al. 2022's IOI
+    over each named head and each role's heads (the completeness test of Wang et al. (2023)'s IOI
     circuit). A head left out of the hypothesis that does the work of a named one shows here: the
     model without the named head still has it, the circuit does not."""
     groups = [(h,) for h in sorted(heads)]
