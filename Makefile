@@ -159,11 +159,11 @@ family: venv
 	$(PY) -m attncircuits.train.family --seed $(if $(filter command line,$(origin SEED)),$(SEED),$(FAMILY_SEED))
 
 # The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
-# models, fewer steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that
+# models, the recipe's steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that
 # points the course at them.
 # make train-mine CORPUS='path/**/*.py' OUT=DIR [STEPS=N]   (quote the patterns, one or several
 # separated by spaces; rerun to continue;
-# STEPS: the 2-layer model's steps, default 5,000, the others scaled alike: what the command says
+# STEPS: the 2-layer model's steps, default 10,000, the others scaled alike: what the command says
 # to run when its models are not trained enough for the chapters)
 STEPS ?=
 train-mine: venv

@@ -4,7 +4,7 @@
 text for validation (whole files, or the last tenth of each: :mod:`attncircuits.data.split`; no text
 in both splits), trains a byte-level BPE tokenizer of :data:`VOCAB` tokens on the training split,
 writes it with the corpus files into ``DIR/corpus/``, trains ``attn-only-0l``, ``-1l`` and ``-2l`` on
-the files into ``DIR`` with the faster recipe :data:`RECIPE`, checks that they are trained enough
+the files into ``DIR`` with the recipe :data:`RECIPE`, checks that they are trained enough
 for what the chapters test (:mod:`attncircuits.train.enough`) and prints the one line that points
 the course at them::
 
@@ -57,30 +57,32 @@ MIN_TOKENS = 1_460_000
 #: checks it against the shipped corpus.json); text the tokenizer compresses less needs fewer
 MIN_MEGABYTES = 4.5
 #: training flags per model (besides --preset, --corpus-files, --tokenizer, --out): the shipped
-#: presets (batch mix, rate, cosine decay to 10%) with fewer steps, split so that the 2-layer model,
+#: presets (batch mix, rate, cosine decay to 10%) with other steps, split so that the 2-layer model,
 #: in one process, takes about as long as the other two one after the other in another
-#: (sets.LANES). The search, on SQLAlchemy's source (8.6 MB; 2.14 M training tokens at 2,048
-#: tokens), every chapter run on each set (claims held of 181; 180 before chapter 7 could run on a
-#: set whose heads still rise at its last snapshot):
+#: (sets.LANES). Chosen on three kinds of text, none the standard library
+#: (``benchmarks/mine_kinds.py``: the whole command on 2 cores, then every chapter on the set;
+#: validation losses on chapter 1's windows; the recipe's claims apart from the corpus's):
 #:
-#:   steps 0L / 1L / 2L                         whole command, 2 cores       claims held
-#:   8,000 / 8,000 / 8,000 (the shipped presets)  33 min one at a time *       158
-#:   3,500 / 4,000 / 5,000 (this recipe)        14.9 min, idle               150
-#:   2,000 / 4,000 / 5,000                      13.8 min, idle               148
-#:   2,000 / 5,000 / 6,000                      16 min, partly busy          148 of 180
-#:   1,500 / 3,500 / 4,000, cosine to 30%       (busy, not timed)            142 of 180
-#:   1,000 / 2,000 / 3,000 at 512 tokens, a constant rate after warm-up and half of each batch
-#:       repeated random tokens (chapter 7's live recipe, scaled up): 18.5 min one at a time on
-#:       a busy machine, 135 (its 1-layer model no better than its 0-layer one on text)
+#:   steps 0L/1L/2L      text                          min   val 0L / 1L / 2L     ICL  checks  claims
+#:   7,000/8,000/10,000  prose: the KJV Bible, Django  18.5  4.250 / 3.865 / 3.598 -0.59  4 of 4  225/236
+#:   (this recipe)        docs (10.3 MB)
+#:                       code: SQLAlchemy (8.7 MB)     20.1  3.907 / 3.246 / 3.023 -0.27  4 of 4  212/233
+#:                       mix: Django's source and      16.8  4.115 / 3.574 / 3.262 -0.57  4 of 4  217/233
+#:                        docs (11.8 MB)
+#:   3,500/4,000/5,000   prose                         27.0  4.284 / 4.009 / 4.051 -0.26  3 of 4  192/220
+#:                       code                          20.7  3.935 / 3.404 / 3.462 +0.00  3 of 4  168/207
+#:                       mix                           35.7  4.154 / 3.746 / 3.723 -0.45  3 of 4  204/228
 #:
-#: * the shipped models' histories on the standard library (the same step cost at 2,048 tokens).
-#: What the fewer steps cost against the shipped presets, on that text: the 2-layer model's second
-#: copy of repeated random tokens (1.9 nats against 0.3) and its ICL score (-0.17 against -0.30),
-#: and the claims that rest on them.
+#: At 5,000 steps the 2-layer model did not beat the 1-layer one by chapter 1's noise on any of the
+#: three (its loss still falling; those minutes on a machine busy with other training, the 10,000
+#: steps' partly); at 10,000 every check held on all three. Earlier, on SQLAlchemy under the old
+#: split (claims of 181): the shipped presets' 8,000 steps each (33 min one at a time) 158 held,
+#: 3,500 / 4,000 / 5,000 (14.9 min) 150; fewer steps or chapter 7's live recipe, fewer still.
 RECIPE: dict[str, list[str]] = {
-    "attn-only-0l": ["--steps", "3500"],
-    "attn-only-1l": ["--steps", "4000"],
-    "attn-only-2l": ["--steps", "5000", "--snapshot-steps", "0", "500", "1000", "1500", "2000", "2500", "3000", "4000"],
+    "attn-only-0l": ["--steps", "7000"],
+    "attn-only-1l": ["--steps", "8000"],
+    "attn-only-2l": ["--steps", "10000", "--snapshot-steps", "0", "1000", "2000", "3000", "4000", "5000", "6000",
+                     "8000"],
 }
 
 
