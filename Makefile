@@ -152,7 +152,8 @@ replicate: venv
 	$(PY) -m attncircuits.train.replicate --seed $(SEED)
 
 # The family of chapter 11: 15 models (1-6 layers attention-only and with MLPs and LayerNorm, and the
-# 2-layer model with each position scheme) on one recipe, two at a time, into results/family/seed-N
+# 2-layer model with each position scheme) on one recipe, two at a time, into
+# src/attncircuits/checkpoints/shipped/family/seed-N
 # (default seed 0, the committed results); the same command resumes an interrupted run.
 FAMILY_SEED ?= 0
 family: venv
