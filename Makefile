@@ -154,10 +154,11 @@ replicate: venv
 # The family of chapter 11: 15 models (1-6 layers attention-only and with MLPs and LayerNorm, and the
 # 2-layer model with each position scheme) on one recipe, two at a time, into
 # src/attncircuits/checkpoints/shipped/family/seed-N
-# (default seed 0, the committed results); the same command resumes an interrupted run.
+# (default seed 0, the committed results); the same command resumes an interrupted run. With SEED=n
+# it then runs chapter 11 on that seed and records its claims in replicates/family-seed-n/results.json.
 FAMILY_SEED ?= 0
 family: venv
-	$(PY) -m attncircuits.train.family --seed $(if $(filter command line,$(origin SEED)),$(SEED),$(FAMILY_SEED))
+	$(PY) -m attncircuits.train.family --seed $(if $(filter command line,$(origin SEED)),$(SEED) --record,$(FAMILY_SEED))
 
 # The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
 # models, the recipe's steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that

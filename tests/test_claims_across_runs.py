@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOW = json.loads((ROOT / "replicates" / "claims-now.json").read_text(encoding="utf-8"))["claims"]
 RECORDED = {
     p.parent.name: json.loads(p.read_text(encoding="utf-8"))["chapters"]
-    for p in sorted((ROOT / "replicates").glob("seed-*/results.json"))
+    for p in sorted((ROOT / "replicates").glob("*seed-*/results.json"))  # and family-seed-n
 }
 
 

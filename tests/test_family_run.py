@@ -191,3 +191,25 @@ def test_a_saved_state_that_does_not_read_stops_make_family_in_one_line_before_t
     (out / "attn-1l.partial.pt").unlink()
     with pytest.raises(SystemExit, match=r"recipe.json does not read; move .* away"):
         family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)
+
+
+def test_record_runs_chapter_11_on_the_seed_and_writes_its_counts(tiny, tmp_path, monkeypatch, capsys):
+    from attncircuits.train import replicate
+
+    monkeypatch.setattr(family, "MEMBERS", {n: family.MEMBERS[n] for n in ("attn-1l",)})
+    out = family.run(seed=3, processes=1, out=tmp_path / "seed-3", streams=STREAMS)
+    seen = {}
+
+    def run_chapters(models_dir, paths, env_name):
+        seen.update(models_dir=models_dir, paths=[p.name for p in paths], env_name=env_name)
+        return {family.CHAPTER: {"cells": 36, "cells_passed": 36, "claims": 31, "claims_held": 30}}
+
+    monkeypatch.setattr(replicate, "run_chapters", run_chapters)
+    path = family.record(3, out, records=tmp_path / "replicates")
+    assert seen == {"models_dir": out, "paths": ["11_model_family.ipynb"], "env_name": "ATTNCIRCUITS_FAMILY"}
+    assert path == tmp_path / "replicates" / "family-seed-3" / "results.json"
+    body = json.loads(path.read_text())
+    assert body["seed"] == 3 and body["command"] == "make family SEED=3" and body["chapters"][family.CHAPTER]["claims_held"] == 30
+    (out / "attn-1l.json").unlink()  # a seed not finished is not recorded: one line naming the command
+    with pytest.raises(FileNotFoundError, match=r"run `make family SEED=3` again"):
+        family.record(3, out, records=tmp_path / "replicates")

@@ -21,9 +21,11 @@ score of every evaluation (with its standard error; on 256 windows about 0.2 nat
 windows at every step, so a change between steps is measured on the same text). At the end every
 detector of the registry scores every head and the ICL score is measured on
 :data:`N_FINAL_WINDOWS` windows. Each member's results are one JSON file and one ``.npz`` in
-``results/family/seed-N/``, written when the member finishes; an interrupted run keeps each
+:data:`RESULTS` ``/seed-N/``, written when the member finishes; an interrupted run keeps each
 member's last evaluation in ``<member>.partial.pt`` and the same command resumes from there
-(nothing trained is lost).
+(nothing trained is lost). With ``--record`` (``make family SEED=n``, n > 0) chapter 11 then runs
+on the seed and its counts, cells and claims held, are written to
+``replicates/family-seed-N/results.json``, which the reproduces page lists beside the replicates'.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from attncircuits.analysis.phase import TABLE_HEADER, summarize
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.core import durable
+from attncircuits.train import replicate
 from attncircuits.train.live import live_configs, live_streams, live_text
 from attncircuits.train.loop import TrainingInterrupted, train
 
@@ -52,6 +55,8 @@ from attncircuits.train.loop import TrainingInterrupted, train
 RESULTS = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped" / "family"
 #: a results folder for chapter 11 to read instead of the committed seed 0 (``make family SEED=n``'s)
 RESULTS_ENV = modelset.FAMILY_ENV
+#: the chapter that reads the family (its counts are what ``--record`` keeps)
+CHAPTER = "11_model_family"
 #: chapter 7's live recipe at a lower rate (see the module), for a budget over three times the
 #: steps its 2-layer model needs
 RECIPE = dict(lr=2e-3, steps=2400, eval_every=25)
@@ -294,6 +299,21 @@ def load_results(directory: Path | str | None = None) -> dict[str, dict]:
                          f"and run `make family SEED={seed}` to train it again") from None
 
 
+def record(seed: int, out: Path | None = None, records: Path | None = None) -> Path:
+    """Run chapter 11 on seed ``seed``'s finished results (default :data:`RESULTS` ``/seed-N``) and
+    write its cells and claims held to ``records/family-seed-N/results.json`` (default the
+    repository's ``replicates/``); returns that file."""
+    out = out or RESULTS / f"seed-{seed}"
+    load_results(out)  # whole, or one line naming the command that makes it so
+    runs = replicate.run_chapters(out, [replicate.REPO / "notebooks" / f"{CHAPTER}.ipynb"], env_name=RESULTS_ENV)
+    folder = (records or replicate.REPO / "replicates") / f"family-seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "results.json"
+    body = {"seed": seed, "command": f"make family SEED={seed}", "chapters": runs}
+    durable.write_text(path, json.dumps(body, indent=1) + "\n")
+    return path
+
+
 def table(out: Path) -> str:
     """The closing table: each member's phase change, ICL score before and after it, best heads."""
     return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
@@ -321,8 +341,18 @@ def main(argv=None) -> int:
                    help="members trained side by side, one thread each (default 2)")
     p.add_argument("--members", nargs="*", choices=list(MEMBERS), metavar="MEMBER",
                    help=f"train only these (default all {len(MEMBERS)}): {', '.join(MEMBERS)}")
+    p.add_argument("--record", action="store_true",
+                   help="then run chapter 11 on this seed and write its claims held to "
+                        "replicates/family-seed-N/results.json (seed 0's the chapter asserts)")
     a = p.parse_args(argv)
-    run(a.seed, a.processes, a.members)
+    out = run(a.seed, a.processes, a.members)
+    if a.record and a.seed == 0:
+        print("seed 0 is the committed family: chapter 11 asserts its claims; nothing to record")
+    elif a.record:
+        path = record(a.seed, out)
+        ch = json.loads(path.read_text())["chapters"][CHAPTER]
+        print(f"chapter 11 on seed {a.seed}: {ch['cells_passed']} of {ch['cells']} cells, {ch['claims_held']} of "
+              f"{ch['claims']} claims held; recorded in {path}")
     return 0
 
 

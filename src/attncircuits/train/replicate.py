@@ -194,10 +194,12 @@ def chapter_paths() -> list[Path]:
     return sorted((REPO / "notebooks").glob("[0-9]*.ipynb")) + [REPO / "book" / "reproduces.ipynb"]
 
 
-def run_chapters(models_dir: Path, paths: list[Path] | None = None, timeout: int = 1800) -> dict:
-    """Run each chapter under nbval with ``ATTNCIRCUITS_MODELS=models_dir``; per chapter the cells that
-    passed and failed (by nbval's cell names) and the claims (``attncircuits.course.claims``) held and not."""
-    env = {**os.environ, modelset.ENV: str(models_dir.resolve())}
+def run_chapters(models_dir: Path, paths: list[Path] | None = None, timeout: int = 1800,
+                 env_name: str = modelset.ENV) -> dict:
+    """Run each chapter under nbval with ``ATTNCIRCUITS_MODELS=models_dir`` (or the variable
+    ``env_name``: ``ATTNCIRCUITS_FAMILY`` for a family's results); per chapter the cells that passed
+    and failed (by nbval's cell names) and the claims (``attncircuits.course.claims``) held and not."""
+    env = {**os.environ, env_name: str(models_dir.resolve())}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out = {}
     logs = models_dir / "chapter-runs"
