@@ -278,7 +278,7 @@ def load_results(directory: Path | str | None = None) -> dict[str, dict]:
     id_file = out / "recipe.json"
     if not id_file.is_file():
         raise FileNotFoundError(f"no family results in {out} (no recipe.json): run `make family SEED=n` "
-                                f"(about half an hour on 2 cores), or unset {RESULTS_ENV}")
+                                f"(about 17 minutes on 2 cores), or unset {RESULTS_ENV}")
     try:
         rid = json.loads(id_file.read_text())
         seed = int(rid["seed"])
