@@ -2,6 +2,7 @@
 a set the chapters cannot read is refused at the first load, in one line naming the fix."""
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -58,6 +59,23 @@ def test_unset_or_empty_means_the_shipped_models(monkeypatch, value):
     assert check_model_set() == "models: the shipped ones"
     assert load_pretrained("attn-only-1l").directory == PRETRAINED_DIR / "attn-only-1l"
     assert pretrained.corpus_dir() == CORPUS_DIR
+
+
+@pytest.mark.parametrize("env, read", [(ENV, modelset.current_dir), (modelset.FAMILY_ENV, modelset.family_dir)])
+def test_a_relative_folder_is_found_from_the_current_folder_or_the_checkout(tmp_path, monkeypatch, env, read):
+    """The reproduces page says `export ATTNCIRCUITS_MODELS=replicates/seed-1` at the repository's
+    root; the kernel then runs in notebooks/, where that path names nothing."""
+    root = Path(modelset.__file__).resolve().parents[3]
+    monkeypatch.chdir(root / "notebooks")
+    monkeypatch.setenv(env, "replicates/seed-1")
+    assert read() == root / "replicates" / "seed-1"
+    (tmp_path / "replicates" / "seed-1").mkdir(parents=True)  # one in the current folder comes first
+    monkeypatch.chdir(tmp_path)
+    assert read() == tmp_path / "replicates" / "seed-1"
+    monkeypatch.setenv(env, "nowhere/seed-9")  # found nowhere: named from the current folder
+    assert read() == tmp_path / "nowhere" / "seed-9"
+    monkeypatch.setenv(env, "~/x")
+    assert read() == Path.home() / "x"
 
 
 def test_a_replicate_set_is_loaded_and_reads_the_shipped_corpus(tmp_path, monkeypatch):

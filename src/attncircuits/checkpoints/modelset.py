@@ -60,10 +60,27 @@ class ModelSet:
     shipped_corpus: bool
 
 
+def _env_folder(name: str) -> Path | None:
+    """The folder the environment variable ``name`` names, absolute; None when it is unset. A
+    relative path is read from the current folder, or, where nothing is there, from the checkout
+    this package lives in: ``export ATTNCIRCUITS_MODELS=replicates/seed-1`` at the repository's
+    root then also finds the set from a kernel that runs in ``notebooks/``."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    path = Path(os.path.expanduser(value))
+    here = Path(os.path.abspath(path))
+    if path.is_absolute() or here.exists():
+        return here
+    checkout = Path(__file__).resolve().parents[3]
+    there = checkout / path
+    return there if (checkout / "pyproject.toml").is_file() and there.exists() else here
+
+
 def current_dir() -> Path | None:
-    """The folder ``ATTNCIRCUITS_MODELS`` names (absolute), or None for the shipped models."""
-    value = os.environ.get(ENV, "").strip()
-    return Path(os.path.abspath(os.path.expanduser(value))) if value else None
+    """The folder ``ATTNCIRCUITS_MODELS`` names (absolute; see :func:`_env_folder`), or None for the
+    shipped models."""
+    return _env_folder(ENV)
 
 
 #: a folder of family results (``make family SEED=n``) for chapter 11 to read instead of the committed
@@ -72,9 +89,9 @@ FAMILY_ENV = "ATTNCIRCUITS_FAMILY"
 
 
 def family_dir() -> Path | None:
-    """The folder ``ATTNCIRCUITS_FAMILY`` names (absolute), or None for the committed seed 0."""
-    value = os.environ.get(FAMILY_ENV, "").strip()
-    return Path(os.path.abspath(os.path.expanduser(value))) if value else None
+    """The folder ``ATTNCIRCUITS_FAMILY`` names (absolute; see :func:`_env_folder`), or None for the
+    committed seed 0."""
+    return _env_folder(FAMILY_ENV)
 
 
 def _sha(path: Path) -> str:
