@@ -51,15 +51,21 @@ def fsync_tree(path: Path) -> None:
         fsync_dir(d)
 
 
-def write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one rename, durably."""
+def write_file(path: Path, write, binary: bool = False) -> None:
+    """Replace ``path`` in one rename, durably, with what ``write(f)`` writes into ``path.new``
+    (opened as text in UTF-8, or as bytes when ``binary``)."""
     new = path.with_name(path.name + ".new")
-    with open(new, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(new, "wb") if binary else open(new, "w", encoding="utf-8") as f:
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(new, path)
     fsync_dir(path.parent)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename, durably."""
+    write_file(path, lambda f: f.write(text))
 
 
 def real_folder(given: Path | str, label: str = "") -> Path:

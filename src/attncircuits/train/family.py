@@ -165,12 +165,8 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
     }
     # the losses first, then the results that mark the member done: a kill between the two leaves
     # it not done, and a rerun trains it again from its last saved state
-    npz = out / f"{name}.npz"
-    with open(npz.with_suffix(".npz.new"), "wb") as f:
-        np.savez_compressed(f, per_token=np.stack(kept["per_token"]))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(npz.with_suffix(".npz.new"), npz)
+    durable.write_file(out / f"{name}.npz", lambda f: np.savez_compressed(f, per_token=np.stack(kept["per_token"])),
+                       binary=True)
     durable.write_text(out / f"{name}.json", json.dumps(result) + "\n")
     partial.unlink(missing_ok=True)
     return result
