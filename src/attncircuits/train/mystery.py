@@ -152,10 +152,7 @@ def out_problem(out_root: Path | None, names: list[str]) -> str | None:
     """Why the mysteries ``names`` cannot be written under ``out_root`` (one line), found before any
     training: a file where the folder should be, a folder this user cannot write, or a folder of
     the user's own where a mystery would go (nothing of the user's is replaced)."""
-    try:
-        root = durable.real_folder(out_root if out_root is not None else store.MYSTERY_DIR, "--out ")
-    except ValueError as err:
-        return str(err)
+    root = Path(out_root) if out_root is not None else store.MYSTERY_DIR
     if root.exists() and not root.is_dir():
         return f"--out {root} is a file, not a folder; name a folder for the mysteries"
     if problem := durable.unwritable(root):
@@ -178,11 +175,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown mystery {unknown[0]!r}; the mysteries are {', '.join(MYSTERIES)}", file=sys.stderr)
         return 2
     names = args.names or list(MYSTERIES)
-    if problem := out_problem(args.out, names):
+    try:  # a link: the folder it names; a loop, refused
+        root = durable.real_folder(args.out if args.out is not None else store.MYSTERY_DIR, "--out ")
+    except ValueError as err:
+        problem = str(err)
+    else:
+        problem = out_problem(root, names)
+    if problem:
         print(problem, file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    root = durable.real_folder(args.out) if args.out is not None else None  # a link: the folder it names
     for name in names:
         try:
             path = train_mystery(name, root)
