@@ -213,11 +213,15 @@ class Ablator:
         self.model, self.batch = model, task.batch(n_rows, seed)
         self.heads = [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
         self.means = mean_ablation(model, self.batch.tokens, self.heads)["ablate"]
+        self._losses: dict[frozenset, float] = {}  # by the set ablated: the grader asks for some twice
         self.clean = task_loss(model, self.batch)
         self.none = self.loss_without(self.heads)
 
     def loss_without(self, heads) -> float:
-        return task_loss(self.model, self.batch, {h: self.means[h] for h in heads})
+        key = frozenset(heads)
+        if key not in self._losses:
+            self._losses[key] = task_loss(self.model, self.batch, {h: self.means[h] for h in sorted(key)})
+        return self._losses[key]
 
     def faithfulness(self, circuit) -> float:
         keep = set(circuit)
