@@ -323,6 +323,9 @@ def test_the_command_refuses_in_one_line_before_any_training(corpus, tmp_path, c
     echo = tmp_path / "echo"
     echo.mkdir()
     (echo / "one.txt").write_text("the same line again\n" * 5000)  # one file, one line: refused alike
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "set.json").write_text('{"kind": "own co')  # a disk that filled
     for argv, why in (([f"{corpus}/**/*.py"], "the corpus is too small: "),
                       ([f"{echo}/*.txt"], "the corpus repeats itself: 100% of"),
                       ([f"{corpus}/**/*.py", "--steps", "0"], "--steps must be a whole number >= 1"),
@@ -334,10 +337,6 @@ def test_the_command_refuses_in_one_line_before_any_training(corpus, tmp_path, c
                       ([f"{corpus}/**/*.py", "--out", str(tmp_path / "broken")],
                        f"{tmp_path / 'broken' / 'set.json'} does not read (JSONDecodeError); choose another OUT")):
         (tmp_path / "a-file").write_text("mine")
-        if not (tmp_path / "loop").is_symlink():
-            (tmp_path / "loop").symlink_to(tmp_path / "loop")
-            (tmp_path / "broken").mkdir()
-            (tmp_path / "broken" / "set.json").write_text('{"kind": "own co')  # a disk that filled
         with pytest.raises(SystemExit) as stop:
             mine.main([*argv, "--out", str(tmp_path / "set")] if "--out" not in argv else argv)
         assert stop.value.code == 2
