@@ -156,9 +156,12 @@ replicate: venv
 # src/attncircuits/checkpoints/shipped/family/seed-N
 # (default seed 0, the committed results); the same command resumes an interrupted run. With SEED=n
 # it then runs chapter 11 on that seed and records its claims in replicates/family-seed-n/results.json.
+# On a CUDA GPU where torch finds one, else on the CPU; DEVICE=cpu (or cuda:1) chooses.
 FAMILY_SEED ?= 0
+DEVICE ?=
 family: venv
-	$(PY) -m attncircuits.train.family --seed $(if $(filter command line,$(origin SEED)),$(SEED) --record,$(FAMILY_SEED))
+	$(PY) -m attncircuits.train.family --seed $(if $(filter command line,$(origin SEED)),$(SEED) --record,$(FAMILY_SEED)) \
+	  $(if $(DEVICE),--device '$(DEVICE)')
 
 # The three models trained on your own text files (a tokenizer of 2,048 tokens as for the shipped
 # models, the recipe's steps, side by side: see attncircuits/train/mine.py), into OUT; prints the line that

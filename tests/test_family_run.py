@@ -213,3 +213,45 @@ def test_record_runs_chapter_11_on_the_seed_and_writes_its_counts(tiny, tmp_path
     (out / "attn-1l.json").unlink()  # a seed not finished is not recorded: one line naming the command
     with pytest.raises(FileNotFoundError, match=r"run `make family SEED=3` again"):
         family.record(3, out, records=tmp_path / "replicates")
+
+
+def test_members_train_on_the_device_chosen_and_say_which(tiny, tmp_path):
+    out = family.run(seed=0, processes=1, members=["attn-1l"], out=tmp_path / "seed-0", streams=STREAMS, device="cpu")
+    assert family.load(out)["attn-1l"]["device"] == "cpu"
+
+
+def test_a_gpu_is_used_where_torch_finds_one_and_every_member_is_sent_there(tmp_path, monkeypatch, capsys):
+    """No GPU here: torch is told it has one, and the members' device is read where they would train."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a test GPU")
+    assert family.family_device() == torch.device("cuda")
+    assert family.family_device("cpu") == torch.device("cpu")  # asked for: the CPU, GPU or not
+    sent = []
+    monkeypatch.setattr(family, "train_member",
+                        lambda name, seed, out, streams, device: sent.append((name, device)) or {"wall_s": 0})
+    monkeypatch.setattr(family, "table", lambda out: "")
+    family.run(seed=0, processes=1, members=["attn-1l", "attn-2l"], out=tmp_path / "seed-0", streams=STREAMS)
+    assert sorted(sent) == [("attn-1l", "cuda"), ("attn-2l", "cuda")]
+    assert "training 2 on cuda (a test GPU)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("device, said", [
+    ("tpu", "--device 'tpu' is not a device; use one of cpu"),
+    ("cuda:99", "--device 'cuda:99'"),
+    ("mps", "--device 'mps'"),
+])
+def test_a_device_this_machine_lacks_is_refused_in_one_line_before_anything_is_written(device, said, tmp_path, monkeypatch):
+    import torch
+
+    if device == "mps" and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    monkeypatch.setattr(family, "train_member", lambda *a, **k: pytest.fail("trained on a device it lacks"))
+    with pytest.raises(SystemExit, match=said.replace("(", r"\(")) as stop:
+        family.main(["--device", device, "--members", "attn-1l"])
+    assert "\n" not in str(stop.value)
+    out = tmp_path / "seed-0"
+    with pytest.raises(SystemExit):
+        family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS, device=device)
+    assert not out.exists()

@@ -23,7 +23,10 @@ detector of the registry scores every head and the ICL score is measured on
 :data:`N_FINAL_WINDOWS` windows. Each member's results are one JSON file and one ``.npz`` in
 :data:`RESULTS` ``/seed-N/``, written when the member finishes; an interrupted run keeps each
 member's last evaluation in ``<member>.partial.pt`` and the same command resumes from there
-(nothing trained is lost). With ``--record`` (``make family SEED=n``, n > 0) chapter 11 then runs
+(nothing trained is lost). Members train on a CUDA GPU where torch finds one (``--device``
+chooses; on a GPU the processes share it), else on the CPU: a GPU's floats differ from a CPU's, so
+its results are another run, as another seed's are, and each member's results name its device.
+With ``--record`` (``make family SEED=n``, n > 0) chapter 11 then runs
 on the seed and its counts, cells and claims held, are written to
 ``replicates/family-seed-N/results.json``, which the reproduces page lists beside the replicates'.
 """
@@ -45,7 +48,7 @@ from attncircuits.analysis import losses
 from attncircuits.analysis.phase import TABLE_HEADER, summarize
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
-from attncircuits.core import durable
+from attncircuits.core import devices, durable
 from attncircuits.train import replicate
 from attncircuits.train.live import live_configs, live_streams, live_text
 from attncircuits.train.loop import TrainingInterrupted, train
@@ -114,8 +117,9 @@ def read_fixed(model, tokens: torch.Tensor, positions: np.ndarray) -> tuple[np.n
     return picked.flatten().to(torch.float16).numpy(), rows.mean().item(), (rows.std() / len(rows) ** 0.5).item()
 
 
-def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
-    """Train one member (resuming its partial state if there is one) and write its results."""
+def train_member(name: str, seed: int, out: Path, streams=None, device: str = "cpu") -> dict:
+    """Train one member on ``device`` (resuming its partial state if there is one, from whichever
+    device saved it) and write its results."""
     torch.set_num_threads(1)
     mcfg, cfg = member_configs(name, seed)
     tr, va = streams if streams is not None else live_streams(mcfg.d_vocab)
@@ -149,13 +153,14 @@ def train_member(name: str, seed: int, out: Path, streams=None) -> dict:
         os.replace(tmp, partial)  # a kill at any moment leaves the last whole state
 
     t0 = time.perf_counter()
-    model, history, _ = train(mcfg, cfg, tr, va, device="cpu", progress=False, resume=state,
+    model, history, _ = train(mcfg, cfg, tr, va, device=device, progress=False, resume=state,
                               save_state=save_state, callback=on_eval)
     scores = head_scores(model, live_text(model, 32), seq_len=15, n_repeats=4)
     final = losses.icl_scores_per_row(losses.per_token_loss(model, live_text(model, N_FINAL_WINDOWS)), mcfg.n_ctx)
     result = {
         "member": name, "config": mcfg.to_dict(), "seed": seed, "n_params": model.n_params(),
         "tokens_per_step": cfg.batch_size * mcfg.n_ctx, "wall_s": time.perf_counter() - t0,
+        "device": torch.device(device).type,
         "history": {**{k: history[k] for k in ("step", "val_loss", "prev_token", "prefix_matching")},
                     "icl": kept["icl"], "icl_se": kept["icl_se"]},
         "final_icl": {"mean": final.mean().item(), "se": (final.std() / len(final) ** 0.5).item(),
@@ -178,7 +183,7 @@ def _partial_state(partial: Path, name: str) -> dict | None:
     if not partial.is_file():
         return None
     try:
-        state = torch.load(partial, weights_only=False)
+        state = torch.load(partial, weights_only=False, map_location="cpu")  # a GPU's state resumes anywhere
         if not {"kept", "step"} <= set(state):
             raise KeyError("not a member's saved state")
     except Exception as err:  # noqa: BLE001 - pickle, zip and torch each raise their own
@@ -193,20 +198,31 @@ def _cost(name: str) -> int:
 
 
 def _worker(args):
-    name, seed, out, streams = args
+    name, seed, out, streams, device = args
     try:
-        r = train_member(name, seed, out, streams)
+        r = train_member(name, seed, out, streams, device)
         return name, f"{r['wall_s']:.0f} s"
     except TrainingInterrupted:
         return name, "interrupted (its state is kept)"
 
 
+def family_device(device: str | None = None) -> torch.device:
+    """Where the members train: ``device`` checked (one line naming the devices this machine has),
+    else a CUDA GPU where torch finds one, else the CPU (MPS only when asked: these small models
+    gain little there)."""
+    try:
+        return devices.check(device or ("cuda" if torch.cuda.is_available() else "cpu"), "--device")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+
+
 def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out: Path | None = None,
-        streams=None) -> Path:
+        streams=None, device: str | None = None) -> Path:
     """Train every member of the family not yet in ``out`` (default :data:`RESULTS`/``seed-N``),
-    ``processes`` at a time, and print the closing table; a results folder of another recipe is
-    refused before anything is trained. ``streams`` (train, validation tokens) replaces the live
-    recipe's (tests pass small ones)."""
+    ``processes`` at a time on ``device`` (:func:`family_device`), and print the closing table; a
+    results folder of another recipe, or a device this machine lacks, is refused before anything is
+    trained. ``streams`` (train, validation tokens) replaces the live recipe's (tests pass small ones)."""
+    dev = family_device(device)
     out = out or RESULTS / f"seed-{seed}"
     out.mkdir(parents=True, exist_ok=True)
     rid = recipe_id(seed)
@@ -227,11 +243,14 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
             raise SystemExit(str(err)) from None
     durable.write_text(id_file, json.dumps(rid, indent=1) + "\n")
     todo.sort(key=lambda n: -_cost(n))  # the longest first, so the two processes end together
-    print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)}", flush=True)
-    jobs = [(n, seed, out, streams) for n in todo]
+    where = (f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev))
+    print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)} "
+          f"on {where}", flush=True)
+    jobs = [(n, seed, out, streams, str(dev)) for n in todo]
     if processes == 1:  # here, one after the other
         done = map(_worker, jobs)
     else:  # side by side, one thread each: these small models use a core about as well as two
+        # (on a GPU each process launches its own kernels, so two keep it busier than one)
         pool = multiprocessing.get_context("spawn").Pool(processes)
         done = pool.imap_unordered(_worker, jobs)
     for name, what in done:
@@ -335,13 +354,15 @@ def main(argv=None) -> int:
                    help="the family's seed (default 0, the committed results); each seed has its own folder")
     p.add_argument("--processes", type=_whole(1, 64), default=2,
                    help="members trained side by side, one thread each (default 2)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: a CUDA GPU where torch finds one, else the CPU)")
     p.add_argument("--members", nargs="*", choices=list(MEMBERS), metavar="MEMBER",
                    help=f"train only these (default all {len(MEMBERS)}): {', '.join(MEMBERS)}")
     p.add_argument("--record", action="store_true",
                    help="then run chapter 11 on this seed and write its claims held to "
                         "replicates/family-seed-N/results.json (seed 0's the chapter asserts)")
     a = p.parse_args(argv)
-    out = run(a.seed, a.processes, a.members)
+    out = run(a.seed, a.processes, a.members, device=a.device)
     if a.record and a.seed == 0:
         print("seed 0 is the committed family: chapter 11 asserts its claims; nothing to record")
     elif a.record:
