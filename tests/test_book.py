@@ -411,6 +411,11 @@ def test_a_build_for_publication_checks_the_repository(tmp_path, monkeypatch, ur
     else:
         with pytest.raises(ConfigError, match=fails):
             ext._check_repository(app)
+    if publish == "1" and fails is None:  # a page that still says to clone the placeholder stops it too
+        (tmp_path / "book").mkdir()
+        (tmp_path / "book" / "setup.md").write_text(f"git clone {ext.PLACEHOLDER_REPOSITORY}.git\n")
+        with pytest.raises(ConfigError, match=r"pages still name the placeholder .*: book/setup.md; make them name"):
+            ext._check_repository(app)
 
 
 # ---- failure modes ------------------------------------------------------------------------------

@@ -119,6 +119,14 @@ def test_on_colab_a_failed_install_says_what_to_run(tmp_path):
 
 
 LEARNER = sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb"))
+BLOCK_PACKAGE = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "attncircuits" or name.startswith("attncircuits."):
+            raise ModuleNotFoundError("No module named 'attncircuits'", name="attncircuits")
+sys.meta_path.insert(0, Block())
+"""
 
 
 @pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
@@ -127,9 +135,16 @@ def test_a_downloaded_learner_notebook_says_the_one_command_off_colab(tmp_path, 
     with the one ``%pip install`` that installs the package from the repository; on Colab it
     installs it as the solved chapters' cell does."""
     cell = first_cell(path).source
-    proc, pip = run_cell(tmp_path, site=False, cell=cell)
+    proc, pip = run_cell(tmp_path, site=False, cell=cell)  # no torch either
     assert proc.returncode != 0 and pip is None
     assert f'%pip install "{SOURCE}"' in proc.stderr, proc.stderr
+    # without torch, its CPU build first: pip would otherwise bring the CUDA build (gigabytes)
+    cpu = "%pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in proc.stderr and proc.stderr.index(cpu) < proc.stderr.index(SOURCE), proc.stderr
+    (tmp_path / "torch").mkdir()
+    proc, pip = run_cell(tmp_path / "torch", site=True, cell=BLOCK_PACKAGE + cell)  # torch, no package
+    assert proc.returncode != 0 and pip is None
+    assert f'%pip install "{SOURCE}"' in proc.stderr and "install torch" not in proc.stderr, proc.stderr
     (tmp_path / "colab").mkdir()
     proc, pip = run_cell(tmp_path / "colab", site=False, colab="env", cell=cell)
     assert proc.returncode == 0, proc.stderr

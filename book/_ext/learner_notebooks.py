@@ -14,7 +14,8 @@ Each chapter's "Open the exercises in Colab" link names the learner's notebook
 
 ``repository.url`` ships as a placeholder. A build says so in one line; with ``COURSE_PUBLISH=1``
 in the environment (``make book PUBLISH=1``) it stops instead, and also stops when a notebook's
-Colab set-up cell or Colab link names another repository than the configuration.
+Colab set-up cell or Colab link names another repository than the configuration, or a page of
+the book (or the README) still names the placeholder, as setup's ``git clone`` line does.
 """
 
 from __future__ import annotations
@@ -111,6 +112,12 @@ def _check_repository(app: Sphinx) -> None:
     if wrong:
         raise ConfigError(f"{PUBLISH_ENV}=1: these notebooks name another repository than {url}: "
                           f"{', '.join(dict.fromkeys(wrong))}; make them name it and build again")
+    # the pages that tell a reader to clone or install the course name it too (setup's git clone)
+    pages = sorted(str(p.relative_to(root)) for p in [*root.glob("book/**/*.md"), root / "README.md"]
+                   if p.is_file() and PLACEHOLDER_REPOSITORY in p.read_text(encoding="utf-8"))
+    if pages:
+        raise ConfigError(f"{PUBLISH_ENV}=1: these pages still name the placeholder repository "
+                          f"{PLACEHOLDER_REPOSITORY}: {', '.join(pages)}; make them name {url} and build again")
 
 
 def setup(app: Sphinx) -> dict:

@@ -141,18 +141,28 @@ _SETUP_HEADER = (
 )
 _SETUP_HEADER_LEARNER = (
     "# Set-up: on Colab this installs the course package from its repository;\n"
-    "# in any other Jupyter it stops and prints the one command that installs it.\n"
+    "# in any other Jupyter it stops and prints the command(s) that install it.\n"
 )
 _SETUP_OFF_COLAB = (
+    "        raise ModuleNotFoundError(\n"
     '            "The course package `attncircuits` is not installed for this "\n'
     '            "kernel\'s Python. From the repository root run `pip install -e .` "\n'
     '            "(or `make test` / `make book`, which set up .venv and its "\n'
     '            "kernel), then restart the kernel."\n'
 )
+# torch first where the kernel has none: pip would otherwise take its CUDA build (gigabytes)
 _SETUP_OFF_COLAB_LEARNER = (
+    "        try:\n"
+    "            import torch  # noqa: F401\n"
+    '            first = ""\n'
+    "        except ModuleNotFoundError:  # else pip brings torch's CUDA build (GBs)\n"
+    '            first = ("%pip install torch --index-url "\n'
+    '                     "https://download.pytorch.org/whl/cpu (with an NVIDIA "\n'
+    '                     "GPU: %pip install torch), then ")\n'
+    "        raise ModuleNotFoundError(\n"
     '            "The course package `attncircuits` is not installed for this "\n'
-    '            "kernel\'s Python. Run this in a cell, then restart the kernel: "\n'
-    '            f\'%pip install "git+{REPOSITORY}@{BRANCH}"\'\n'
+    '            "kernel\'s Python. Run in a cell, then restart the kernel: "\n'
+    '            f\'{first}%pip install "git+{REPOSITORY}@{BRANCH}" (needs git)\'\n'
 )
 
 
