@@ -1,6 +1,7 @@
 """Rows of the exercise table for the kinds of wrong answer that fixed cases miss: answers wrong
 only at an edge the text allows (the extreme at the last position, a loss of 0, a leading
-``None``, a variance near zero), answers that change the caller's inputs in place, answers of
+``None``, a variance near zero, a value exactly at a level, a second start token in a row),
+answers that change the caller's inputs in place (a numpy array too), answers of
 the wrong type, and the slips whose messages once named a mistake they did not make (``avoid``:
 words a message must not contain). Added to ``exercise_table.ROWS`` by :func:`add`.
 """
@@ -19,6 +20,7 @@ import exercise_table_early_edges
 def add(wrong, right, sol) -> None:
     """Append the rows (``wrong(check, label, fn, words, cls, avoid=...)``, ``right(...)``)."""
     _chapter_10(wrong, right, sol)
+    _chapters_11_12(wrong, right, sol)
     exercise_table_early_edges.add(wrong, right, sol)
     _in_place(wrong, sol)
     _types(wrong, sol)
@@ -125,8 +127,80 @@ def _chapter_10(wrong, right, sol) -> None:
         (w[:, None] * W) - (w[:, None] * W).sum(-2, keepdim=True) / W.shape[-2], b + b_ln @ W))
 
 
+def _first_at(v, level, strict=False):
+    a = np.asarray(v, dtype=float)
+    return int(np.argmax(a > level if strict else a >= level))
+
+
+def _copy_mass(pattern, tokens, shift, bos_query=False):
+    """copy_attention, with the start token's queries kept when ``bos_query``."""
+    n = tokens.shape[1]
+    src = torch.full_like(tokens, -1)
+    src[:, shift:] = tokens[:, : n - shift]
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None]
+    mask = (src[:, None, :] == tokens[:, :, None]) & (k - shift < q) & (k <= q)
+    if not bos_query:
+        mask &= tokens[:, :, None] != 0
+    has = mask.any(-1)
+    return ((pattern * mask[:, None]).sum(-1) * has[:, None]).sum((0, 2)) / has.sum().clamp(min=1)
+
+
+def _grammar_rows(model, task, paths):
+    """The grammar read on rows BOS, trigger, cue by ``paths(logits, pattern, ov, row) -> [vocab]``,
+    then the largest among the answer tokens."""
+    from attncircuits.analysis.circuits import full_ov_circuit
+
+    ov = [full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads)]
+    answers = torch.tensor(task.answer_tokens)
+    table = torch.zeros(len(task.cues), len(task.triggers), dtype=torch.long)
+    for i, cue in enumerate(task.cues):
+        for j, trig in enumerate(task.triggers):
+            row = torch.tensor([[0, trig, cue]])
+            logits, cache = model.run_with_cache(row)
+            out = paths(logits[0, -1], cache.pattern[0][0, :, -1], ov, row[0])
+            table[i, j] = out if out.ndim == 0 else answers[out[answers].argmax()]
+    return table
+
+
+def _chapters_11_12(wrong, right, sol) -> None:
+    """Answers the fixed cases of chapters 11 and 12 once let through: a level reached only
+    exactly at hi, a tie reached at different evaluations, a second start token in a row, a
+    non-answer token with the largest logit, heads whose paths do not decide every answer."""
+    C = "ch11.check_rise_window"
+    wrong(C, "> at the hi level only (np.argmax)", lambda s, v, lo=0.2, hi=0.8: tuple(
+        s[_first_at(v, v[0] + f * (max(v) - v[0]), strict)] for f, strict in ((lo, False), (hi, True))),
+          "hi level counts as reaching it", "named")
+    wrong(C, "> at the lo level only (np.argmax)", lambda s, v, lo=0.2, hi=0.8: tuple(
+        s[_first_at(v, v[0] + f * (max(v) - v[0]), strict)] for f, strict in ((lo, True), (hi, False))),
+          "lo level counts as reaching it", "named")
+
+    C = "ch11.check_best_induction_head"
+    wrong(C, "np.argmax over evaluations, layers and heads at once", lambda pm: (lambda a: (lambda e, l, h: (
+        int(l) + 1, int(h)))(*np.unravel_index(np.argmax(a), a.shape)))(np.asarray(pm)[:, 1:]), "on a tie", "named")
+
+    C = "ch12.check_copy_attention"
+    wrong(C, "the start token kept as a query", lambda p, t, s: _copy_mass(p, t, s, bos_query=True),
+          "start token (id 0) counted as a query", "named")
+    right(C, "queries masked by token id, not by position", lambda p, t, s: _copy_mass(p, t, s))
+
+    C = "ch12.check_grammar_2"
+    wrong(C, "the largest logit over the whole vocabulary", lambda m, t: _grammar_rows(
+        m, t, lambda logits, pat, ov, row: logits.argmax()), "whole vocabulary", "named")
+    wrong(C, "the heads' paths without the direct path", lambda m, t: _grammar_rows(
+        m, t, lambda logits, pat, ov, row: sum(pat[h] @ ov[h][row] for h in range(len(ov)))), "direct path is missing",
+          "named")
+    wrong(C, "rows [trigger, BOS, cue]", lambda m, t: torch.stack([torch.stack([
+        torch.tensor(t.answer_tokens)[m(torch.tensor([[tr, 0, cue]]))[0, -1, t.answer_tokens].argmax()]
+        for tr in t.triggers]) for cue in t.cues]), "entries differ")
+    right(C, "rows with a filler between trigger and cue", lambda m, t: torch.stack([torch.stack([
+        torch.tensor(t.answer_tokens)[m(torch.tensor([[0, tr, 40, cue]]))[0, -1, t.answer_tokens].argmax()]
+        for tr in t.triggers]) for cue in t.cues]))
+
+
 def _in_place(wrong, sol) -> None:
     """Right values, but the caller's inputs are changed."""
+    wrong("ch11.check_best_induction_head", "masks layer 0 of the caller's numpy array with -inf", lambda pm: (
+        pm.__setitem__((slice(None), 0), -np.inf), sol("best_induction_head")(pm))[1], "in place", "named")
     wrong("ch01.check_attention_pattern", "scales q in place", lambda q, k: (lambda s: s.masked_fill(
         ~torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool).tril(), float("-inf")).softmax(-1))(
         q.div_(math.sqrt(q.shape[-1])) @ k.transpose(-1, -2)), "in place", "named")

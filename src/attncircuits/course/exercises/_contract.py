@@ -14,6 +14,7 @@ import random
 import zlib
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -21,9 +22,9 @@ from torch import Tensor
 # ---- inputs left as they were ----------------------------------------------------------------------
 def _same(a: Any, b: Any) -> bool:
     """Whether ``a`` (the copy the learner's function was given, after the call) still equals
-    ``b`` (the case's own input): tensors entry by entry (NaN equal to NaN), containers item by
-    item, a module by its parameters and buffers, a dataclass by its fields; anything else is not
-    compared."""
+    ``b`` (the case's own input): tensors and numpy arrays entry by entry (NaN equal to NaN),
+    containers item by item, a module by its parameters and buffers, a dataclass by its fields;
+    anything else is not compared."""
     if isinstance(b, Tensor):
         if not isinstance(a, Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return False
@@ -31,6 +32,11 @@ def _same(a: Any, b: Any) -> bool:
         if a.is_floating_point() or a.is_complex():
             return bool((a.eq(b) | (a.isnan() & b.isnan())).all())
         return bool(torch.equal(a, b))
+    if isinstance(b, np.ndarray):  # e.g. ``pm[:, 0] = -np.inf`` on the caller's array
+        if not isinstance(a, np.ndarray) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        nan = a.dtype.kind in "fc"
+        return bool(np.array_equal(a, b, equal_nan=nan))
     if isinstance(b, (list, tuple)):
         return isinstance(a, (list, tuple)) and len(a) == len(b) and all(map(_same, a, b))
     if isinstance(b, dict):

@@ -53,7 +53,8 @@ def check_rise_window(fn) -> bool:
              kind="hand-built"),
         Case("a rise, a fall back and a second rise", ([0, 5, 10, 15, 20, 25, 30], [0.0, 0.5, 0.9, 0.1, 0.3, 0.9, 1.0]),
              kind="hand-built"),
-        Case("a value exactly at a fifth of the way", ([0, 1, 2, 3], [0.0, 0.2, 0.5, 1.0]), kind="hand-built"),
+        Case("a value exactly at each level (a fifth and four fifths of the way)",
+             ([0, 1, 2, 3, 4], [0.0, 0.2, 0.5, 0.8, 1.0]), kind="hand-built"),
         Case("lo=0.5, hi=0.9", ([100, 200, 300, 400, 500], [0.1, 0.2, 0.6, 0.95, 1.1]), {"lo": 0.5, "hi": 0.9},
              kind="hand-built"),
     ]
@@ -82,10 +83,10 @@ def check_rise_window(fn) -> bool:
         r = phase.rise(steps, v, lo, hi)
         return r.start, r.end
 
-    def strict(expected, case):
+    def strict(expected, case, at=(True, True)):
         steps, v, lo, hi = args(case)
         first, top = v[0], max(v)
-        return steps[_first_at(v, first + lo * (top - first), True)], steps[_first_at(v, first + hi * (top - first), True)]
+        return tuple(steps[_first_at(v, first + f * (top - first), s)] for f, s in zip((lo, hi), at))
 
     def of_top(expected, case):
         steps, v, lo, hi = args(case)
@@ -103,6 +104,10 @@ def check_rise_window(fn) -> bool:
             Diagnosis("those are the evaluations' indices; return the steps at those indices "
                       "(steps[i])", indices),
             Diagnosis("a value exactly at the level counts as reaching it: use >=, not >", strict),
+            Diagnosis("a value exactly at the hi level counts as reaching it: use >= there too, not >",
+                      lambda e, c: strict(e, c, (False, True))),
+            Diagnosis("a value exactly at the lo level counts as reaching it: use >= there too, not >",
+                      lambda e, c: strict(e, c, (True, False))),
             Diagnosis("the levels are lo and hi of the way from the first value to the highest, not "
                       "lo and hi times the highest", of_top),
             Diagnosis("start and end are swapped: the start is where the score covers lo of the way",
@@ -155,6 +160,10 @@ def check_best_induction_head(fn) -> bool:
     hand[:, 2, 0] = [0.1, 0.8, 0.3]  # the best of the later layers, then falls
     hand[:, 1, 1] = [0.1, 0.2, 0.5]  # the best at the last evaluation
     cases.append(Case("a layer-0 head scores highest; the best later head falls by the end", (hand,), kind="hand-built"))
+    tie = np.zeros((3, 3, 2))
+    tie[0, 2, 0] = 0.7  # head 2.0 reaches the top score first ...
+    tie[2, 1, 1] = 0.7  # ... head 1.1, earlier in (layer, head) order, only at the last evaluation
+    cases.append(Case("two heads tie at the top score, reached at different evaluations", (tie,), kind="hand-built"))
 
     def with_layer0(expected, case):
         pm = case.args[0]
@@ -170,6 +179,11 @@ def check_best_induction_head(fn) -> bool:
     def flat(expected, case):
         return expected[0] * case.args[0].shape[2] + expected[1]
 
+    def first_reached(expected, case):
+        pm = case.args[0][:, 1:]
+        _, layer, head = np.unravel_index(np.argmax(pm), pm.shape)
+        return int(layer) + 1, int(head)
+
     return run_check(
         fn,
         cases,
@@ -182,6 +196,9 @@ def check_best_induction_head(fn) -> bool:
             Diagnosis("the layer is one too low: after slicing the layers from 1, add 1 back", no_offset),
             Diagnosis("(layer, head), in that order", lambda e, c: (e[1], e[0])),
             Diagnosis("that is the flat index; return (layer, head)", flat),
+            Diagnosis("on a tie, the first head in (layer, head) order wins, not the one that reached the "
+                      "score at the earliest evaluation: take each head's highest score over the "
+                      "evaluations first, then the argmax over the heads", first_reached),
         ],
         atol=0,
         rtol=0,

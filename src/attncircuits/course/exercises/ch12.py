@@ -5,7 +5,10 @@ path of mystery 3's layer-1 heads copies.
 The first two and the grammar run the learner's function against the references in
 :mod:`attncircuits.analysis.circuit_check`; the grammar is checked on the shipped model and on
 copies whose answer tokens' unembedding columns are permuted, so that a function that returns the
-task's own table (or any table not read from the model it is given) fails. The hypothesis checks call the learner's function,
+task's own table (or any table not read from the model it is given) fails, and on a copy in
+which a token that is no answer has the largest logit, so that the largest logit over the whole
+vocabulary fails, and on a copy whose heads write a twentieth as much, where the direct path
+decides some answers. The hypothesis checks call the learner's function,
 which returns a hypothesis dict, and grade it with :mod:`attncircuits.course.grader` against the
 shipped mystery: there is no answer to compare with, only the model's measurements, and a wrong
 hypothesis gets the grader's first failing part (what was measured, not what the answer is).
@@ -67,6 +70,9 @@ def check_copy_attention(fn) -> bool:
                       lambda e, c: _mass(c.args[0], _targets(c.args[1], c.args[2], own=True))),
             Diagnosis("you summed over batch and queries: take the mean over the queries with a copy",
                       lambda e, c: (c.args[0] * _targets(c.args[1], c.args[2])[:, None]).sum((0, 2, 3))),
+            Diagnosis("a start token (id 0) counted as a query: token 0 is never a query, wherever it "
+                      "comes in the row (mask out the queries whose token is 0)",
+                      lambda e, c: _mass(c.args[0], _targets(c.args[1] + 1, c.args[2]))),
         ],
         name="copy_attention",
         generate=_copy_case,
@@ -74,11 +80,18 @@ def check_copy_attention(fn) -> bool:
 
 
 def _copy_case(draw: Draw):
+    """The start token and two copies of 2-6 random tokens (ids 1-8), 1-2 rows, 1-3 heads, shift
+    0-2; the edges first: a second start token between the copies (a row of two documents), with
+    each shift."""
+    edge = draw.edge(3)
     seq = draw.int(2, 6)
     half = torch.randint(1, 9, (draw.int(1, 2), seq), generator=draw.gen)
-    tokens = torch.cat([torch.zeros(half.shape[0], 1, dtype=torch.long), half, half], 1)
+    bos = torch.zeros(half.shape[0], 1, dtype=torch.long)
+    tokens = torch.cat([bos, half, bos, half] if edge is not None else [bos, half, half], 1)
     pattern = _draws.causal_pattern(draw, tokens.shape[0], draw.int(1, 3), tokens.shape[1])
-    return pattern, tokens, draw.int(0, 2)
+    shift = edge if edge is not None else draw.int(0, 2)
+    return Case("a second start token (id 0) between the copies" if edge is not None else "",
+                (pattern, tokens, shift))
 
 
 @guarded
@@ -145,6 +158,49 @@ def _permuted(model, task, seed: int):
     return other
 
 
+def _decoy(model, task, answer: int, decoy: int, factor: float = 1.5):
+    """A copy of ``model`` whose unembedding column of ``decoy``, a token that is no answer, is
+    ``factor`` times that of ``answer``: wherever the model gives ``answer`` (with a positive
+    logit), ``decoy``'s logit is the largest of the whole vocabulary; among the answer tokens,
+    and so in the grammar, nothing changed."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.W_U[:, decoy] = factor * model.W_U[:, answer]
+    return other
+
+
+def _heads_scaled(model, factor: float = 0.05):
+    """A copy of ``model`` whose heads write ``factor`` times as much (``W_O`` scaled; a one-layer
+    model's patterns are unchanged): the cue's direct path, ``W_E[cue] @ W_U``, then decides
+    some answers, so a sum of paths without it fails."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in other.blocks:
+            block.W_O.mul_(factor)
+    return other
+
+
+def _heads_only(model, task):
+    """The mistake of the heads' paths without the direct path: on rows BOS, trigger, cue, the
+    answer the heads' OV circuits write most, weighted by the cue's attention."""
+    answers = torch.tensor(task.answer_tokens)
+    rows = torch.tensor([[0, t, c] for c in task.cues for t in task.triggers])
+    ov = torch.stack([full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads)])  # [head, vocab, vocab]
+    with torch.no_grad():
+        _, cache = model.forward_checked(rows, return_cache=True)
+        pattern = cache.pattern[0][:, :, -1]  # [row, head, key]: from the cue
+        paths = torch.einsum("rhk,hrkv->rv", pattern, ov[:, rows])
+    return answers[paths[:, answers].argmax(-1)].reshape(len(task.cues), len(task.triggers))
+
+
+def _whole_vocab(model, task):
+    """The mistake of the largest logit over the whole vocabulary, not among the answer tokens."""
+    rows = torch.tensor([[0, t, c] for c in task.cues for t in task.triggers])
+    with torch.no_grad():
+        logits = model.forward_checked(rows)[:, -1]
+    return logits.argmax(-1).reshape(len(task.cues), len(task.triggers))
+
+
 def _trigger_ov_only(model, task):
     """The mistake of reading each trigger's OV rows alone: the answer its heads' OV circuits
     write most for the trigger, without what the cue and the start token write."""
@@ -171,6 +227,13 @@ def check_grammar_2(fn) -> bool:
     cases = [Case("mystery-2", (m.model, task))]
     cases += [Case(f"mystery-2 with its answers' unembedding permuted (seed {s})",
                    (_permuted(m.model, task, s), task), kind="hand-built") for s in (1, 2)]
+    decoy = next(t for t in range(1, m.model.cfg.d_vocab)
+                 if t not in {*task.answer_tokens, *task.cues, *task.triggers})
+    cases.append(Case(f"mystery-2 with token {decoy}'s unembedding 1.5 times answer {task.answer_tokens[-1]}'s "
+                      f"(token {decoy} is no answer)", (_decoy(m.model, task, task.answer_tokens[-1], decoy), task),
+                      kind="hand-built"))
+    cases.append(Case("mystery-2 with its heads' W_O times 0.05 (the direct path decides some answers)",
+                      (_heads_scaled(m.model), task), kind="hand-built"))
     answers = torch.tensor(task.answer_tokens)
     return run_check(
         fn, cases, model_grammar,
@@ -187,6 +250,12 @@ def check_grammar_2(fn) -> bool:
             Diagnosis("your rows have no start token: every row of the task begins with BOS (token 0), "
                       "and the cue's heads attend to it",
                       lambda e, c: _without_start(*c.args)),
+            Diagnosis("that is the largest logit over the whole vocabulary; the grammar's answer is the "
+                      "largest among task.answer_tokens",
+                      lambda e, c: _whole_vocab(*c.args)),
+            Diagnosis("the direct path is missing: the cue's own W_E[cue] @ W_U adds to the heads' paths "
+                      "(chapter 3's path expansion has every term)",
+                      lambda e, c: _heads_only(*c.args)),
         ],
         name="grammar_2",
         time_limit=30.0,
