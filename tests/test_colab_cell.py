@@ -93,10 +93,10 @@ def test_importable_is_a_no_op(tmp_path, colab):
     assert "IMPORTED False" in proc.stdout  # the real package, untouched
 
 
-def test_not_importable_off_colab_says_pip_install_e(tmp_path):
+def test_not_importable_off_colab_says_make_venv(tmp_path):
     proc, pip = run_cell(tmp_path, site=False)
     assert proc.returncode != 0 and pip is None
-    assert "ModuleNotFoundError" in proc.stderr and "`pip install -e .`" in proc.stderr, proc.stderr
+    assert "ModuleNotFoundError" in proc.stderr and "`make venv`" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("colab", ["env", "module"])

@@ -146,9 +146,9 @@ _SETUP_HEADER_LEARNER = (
 _SETUP_OFF_COLAB = (
     "        raise ModuleNotFoundError(\n"
     '            "The course package `attncircuits` is not installed for this "\n'
-    '            "kernel\'s Python. From the repository root run `pip install -e .` "\n'
-    '            "(or `make test` / `make book`, which set up .venv and its "\n'
-    '            "kernel), then restart the kernel."\n'
+    '            "kernel\'s Python. From the repository root run `make venv` and "\n'
+    '            "choose the kernel of .venv (or, torch installed, `pip install "\n'
+    '            "-e .` for this kernel), then restart the kernel."\n'
 )
 # torch first where the kernel has none: pip would otherwise take its CUDA build (gigabytes)
 _SETUP_OFF_COLAB_LEARNER = (
