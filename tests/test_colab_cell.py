@@ -189,7 +189,7 @@ def test_the_transformer_lens_cell_off_colab_names_the_install_command(tmp_path)
     env["PYTHONPATH"] = str(ROOT / "src")
     blocked = subprocess.run([sys.executable, "-c", BLOCK_TL + cell], capture_output=True, text=True, env=env, timeout=120)
     assert blocked.returncode != 0
-    assert "ModuleNotFoundError" in blocked.stderr and "`pip install -e .[tl]`" in blocked.stderr, blocked.stderr
+    assert "ModuleNotFoundError" in blocked.stderr and "`pip install -e '.[tl]'`" in blocked.stderr, blocked.stderr
     assert '`%pip install "transformer-lens>=3.9,<4"`' in blocked.stderr, blocked.stderr  # no clone needed
     pytest.importorskip("transformer_lens")
     present = subprocess.run([sys.executable, "-c", cell], capture_output=True, text=True, env=env, timeout=120)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 tl = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed: `pip install -e .[tl]` (make test installs it)"
+    "transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'` (make test installs it)"
 )
 
 from attncircuits import load_checkpoint  # noqa: E402

@@ -16,7 +16,7 @@ from attncircuits.checkpoints.pretrained import MODEL_NAMES, validation_windows
 from attncircuits.models import interop
 
 tl = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed: `pip install -e .[tl]` (make test installs it)"
+    "transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'` (make test installs it)"
 )
 from attncircuits.models.interop import from_transformer_lens, to_transformer_lens  # noqa: E402
 

@@ -12,7 +12,7 @@ from attncircuits.data import repeated_rows
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.train.watch import PROBE, HeadWatch
 
-tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed: `pip install -e .[tl]`")
+tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'`")
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens import HookedTransformer
 
 TL_REQUIREMENT = "transformer-lens>=3.9,<4"
-_INSTALL = f'run `pip install -e .[tl]` in the course repository, or `pip install "{TL_REQUIREMENT}"`'
+_INSTALL = f"run `pip install -e '.[tl]'` in the course repository, or `pip install '{TL_REQUIREMENT}'`"
 
 
 def transformer_lens_version() -> str:

@@ -12,7 +12,7 @@ b_O, b_U``); ours has none, so they are left at zero. The weights are copied, ne
 
 Only TransformerLens 3.x has ``HookedTransformer`` with this config; 4.x replaced it with
 ``TransformerBridge``, which wraps Hugging Face architectures. TransformerLens is an optional extra
-(``pip install -e .[tl]``) and is imported only when one of these functions is called.
+(``pip install -e '.[tl]'``) and is imported only when one of these functions is called.
 """
 
 from __future__ import annotations
