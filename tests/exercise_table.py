@@ -450,6 +450,13 @@ wrong(C, "full-rank", lambda *a: _rcs(*a, full=True), "rank", "named")
 # std agree to 1% for d_model 2-64), so no output can tell it; it is not in the table.
 wrong(C, "not normalised", lambda d, h, n, s=0: _rcs(d, h, n, s) * 1000, "above 1")
 wrong(C, "torch.rand", lambda *a: _rcs(*a, uniform=True), "torch.randn", "named")
+wrong(C, "symmetric matrices U @ U.T", lambda d, h, n, s=0: (lambda g: (lambda a, b: torch.linalg.matrix_norm(a @ b) / (
+    torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b)))(*[(lambda u: u @ u.mT)(torch.randn(n, d, h, generator=g))
+                                                                  for _ in range(2)]))(torch.Generator().manual_seed(s)),
+      "symmetric", "named")
+wrong(C, "the global generator (no seed)", lambda d, h, n, s=0: _rcs(d, h, n, int(torch.randint(0, 10**6, (1,)))),
+      "same seed gave other scores", "named")
+wrong(C, "the seed ignored", lambda d, h, n, s=0: _rcs(d, h, n, 5), "the very same scores", "named")
 wrong(C, "zeros", lambda d, h, n, s=0: torch.zeros(n), "same score")
 wrong(C, "a percentage", lambda *a: 100 * _rcs(*a), "above 1")
 wrong(C, "NaN", lambda d, h, n, s=0: torch.full((n,), float("nan")), "NaN")
