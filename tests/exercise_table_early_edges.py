@@ -8,7 +8,10 @@ type, and answers whose message must not name a mistake they did not make (``avo
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from attncircuits.analysis.circuits import full_ov_circuit, full_qk_circuit
 
@@ -16,6 +19,7 @@ from attncircuits.analysis.circuits import full_ov_circuit, full_qk_circuit
 def add(wrong, right, sol) -> None:
     """Append the rows (``wrong(check, label, fn, words, cls, avoid=...)``, ``right(...)``)."""
     _edges(wrong, right, sol)
+    _chapter_1(wrong, right)
     _in_place(wrong, sol)
     _types(wrong, sol)
     _not_that_mistake(wrong, sol)
@@ -55,6 +59,94 @@ def _stripe_prefix(pattern, tokens, L, every=False):
     mass = [sum(pattern[:, :, q, q - j * L + 1] for j in range(1, (q // L if every else 1) + 1) if q - j * L + 1 >= 1)
             for q in range(1 + L, tokens.shape[1])]
     return torch.stack(mass, -1).mean((0, 2))
+
+
+# ---- chapter 1's common mistakes, each named ---------------------------------------------------------
+def _pat(q, k, scale=None, diagonal=0, k_q=False, fill=float("-inf")):
+    s = k @ q.transpose(-1, -2) if k_q else q @ k.transpose(-1, -2)
+    s = s / (math.sqrt(q.shape[-1]) if scale is None else scale)
+    return s.masked_fill(~torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool).tril(diagonal), fill).softmax(-1)
+
+
+def _head1(resid, W_pos, W_Q, W_K, W_V, W_O, rows=None, swap=False, plus=False, pos_out=False):
+    n = resid.shape[1]
+    P = W_pos[:n] if rows is None else rows(W_pos, n)
+    x = resid + P
+    q, k = (x @ W_K, x @ W_Q) if swap else (x @ W_Q, x @ W_K)
+    out = _pat(q, k) @ (resid @ W_V) @ W_O
+    return out + (resid if plus else 0) + (P if pos_out else 0)
+
+
+def _logits1(m, t, within=False, skip=True, pos=False, last=False, W_U=None, out=None):
+    emb = m.W_E[t] + (m.W_pos[: t.shape[1]] if pos else 0)
+    resid = emb
+    for b in m.blocks:
+        read = emb if last else resid
+        heads = [lambda r, h=h: _head1(r, m.W_pos, b.W_Q[h], b.W_K[h], b.W_V[h], b.W_O[h]) for h in range(m.cfg.n_heads)]
+        if within:
+            for head in heads:
+                read = read + head(read)
+            resid = read
+        else:
+            total = sum(head(read) for head in heads)
+            resid = read + total if skip else total
+    logits = resid @ (m.W_U if W_U is None else W_U(m))
+    return out(logits) if out else logits
+
+
+def _nll1(lg, t):
+    return -lg[:, :-1].log_softmax(-1).gather(-1, t[:, 1:, None])[..., 0]
+
+
+def _chapter_1(wrong, right) -> None:
+    C = "ch01.check_attention_pattern"
+    wrong(C, "divided by d_head", lambda q, k: _pat(q, k, scale=q.shape[-1]), "divided by d_head", "named")
+    wrong(C, "divided by sqrt(pos): q.shape[1]", lambda q, k: _pat(q, k, scale=math.sqrt(q.shape[1])), "sqrt(pos)", "named")
+    wrong(C, "k @ q^T", lambda q, k: _pat(q, k, k_q=True), "k @ q^T", "named")
+    wrong(C, "tril(-1): the diagonal masked too", lambda q, k: _pat(q, k, diagonal=-1), "tril(-1)", "named")
+    wrong(C, "tril(-1) with -1e9", lambda q, k: _pat(q, k, diagonal=-1, fill=-1e9), "tril(-1)", "named")
+    wrong(C, "tril(1): the next key seen", lambda q, k: _pat(q, k, diagonal=1), "tril(1)", "named")
+    wrong(C, "one entry off", lambda q, k: _pat(q, k).index_put((torch.tensor(0), torch.tensor(4), torch.tensor(3)),
+                                                              torch.tensor(0.5)) if q.shape[1] > 4 else _pat(q, k),
+          "[batch 0, query 4, key 3]")
+    right(C, "the mask filled with -1e9", lambda q, k: _pat(q, k, fill=-1e9))
+
+    C = "ch01.check_head_output"
+    wrong(C, "W_pos rows 1 to pos", lambda *a: _head1(*a, rows=lambda W, n: W[1: n + 1]), "offset by one", "named")
+    wrong(C, "W_pos's last rows", lambda *a: _head1(*a, rows=lambda W, n: W[-n:]), "last pos rows", "named")
+    wrong(C, "W_Q and W_K swapped", lambda *a: _head1(*a, swap=True), "swapped", "named")
+    wrong(C, "resid + head", lambda *a: _head1(*a, plus=True), "resid plus the head's output", "named")
+    wrong(C, "W_pos added to the output", lambda *a: _head1(*a, pos_out=True), "output has W_pos added", "named")
+    wrong(C, "resid += W_pos", lambda *a: (a[0].add_(a[1][: a[0].shape[1]]), _head1(a[0], a[1] * 0, *a[2:]))[1],
+          "changed `resid` in place", "named")  # a lambda *a: the stub's names
+
+    C = "ch01.check_model_logits"
+    wrong(C, "heads reading what earlier heads of their layer wrote", lambda m, t: _logits1(m, t, within=True),
+          "earlier heads of its own layer", "named")
+    wrong(C, "no skip connection", lambda m, t: _logits1(m, t, skip=False), "replace the residual stream", "named")
+    wrong(C, "W_pos added to the stream", lambda m, t: _logits1(m, t, pos=True), "W_pos was added to the residual",
+          "named")
+    wrong(C, "only the last layer", lambda m, t: _logits1(m, t, last=True), "only the last layer", "named")
+    wrong(C, "softmax", lambda m, t: _logits1(m, t, out=lambda x: x.softmax(-1)), "probabilities", "named")
+    wrong(C, "log_softmax", lambda m, t: _logits1(m, t, out=lambda x: x.log_softmax(-1)), "log-probabilities",
+          "named")
+    wrong(C, "W_E.T as the unembedding", lambda m, t: _logits1(m, t, W_U=lambda m: m.W_E.T), "W_E.T", "named")
+    right(C, "the heads stacked and summed", lambda m, t: _logits1(m, t))
+
+    C = "ch01.check_next_token_loss"
+    wrong(C, "torch.roll", lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.roll(-1, 1).flatten()), "torch.roll",
+          "named")
+    wrong(C, "log_softmax over positions", lambda lg, t: float(-lg[:, :-1].log_softmax(1).gather(-1, t[:, 1:, None])
+                                                                .mean()), "over the positions", "named")
+    wrong(C, "log_softmax over the batch", lambda lg, t: float(-lg[:, :-1].log_softmax(0).gather(-1, t[:, 1:, None])
+                                                                .mean()), "over the batch", "named")
+    wrong(C, "the last position only", lambda lg, t: F.cross_entropy(lg[:, -2], t[:, -1]), "only the last", "named")
+    wrong(C, "label smoothing 0.1", lambda lg, t: F.cross_entropy(lg[:, :-1].flatten(0, 1), t[:, 1:].flatten(),
+                                                                  label_smoothing=0.1), "label smoothing", "named")
+    wrong(C, "summed over positions", lambda lg, t: float(_nll1(lg, t).sum(1).mean()), "sum over positions", "named")
+    wrong(C, "summed over the batch", lambda lg, t: float(_nll1(lg, t).mean(1).sum()), "sum over the batch", "named")
+    wrong(C, "wrong at 3 positions only", lambda logits, tokens: float(_nll1(logits, tokens).mean()) * (
+        1.5 if logits.shape[1] == 3 else 1), "(logits: a 1 x 3 x 7 tensor, tokens: [[")
 
 
 def _edges(wrong, right, sol) -> None:

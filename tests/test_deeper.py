@@ -197,7 +197,7 @@ def test_loading_without_transformer_lens_or_with_4x_names_the_install(saved, mo
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    with pytest.raises(ImportError, match=r"^TransformerLens is not installed; .*pip install -e \.\[tl\]") as err:
+    with pytest.raises(ImportError, match=r"^TransformerLens is not installed; .*pip install -e '\.\[tl\]'") as err:
         load_checkpoint(saved)
     assert "\n" not in str(err.value)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.1.0")

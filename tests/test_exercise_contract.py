@@ -96,3 +96,69 @@ def test_the_stated_identities_can_fail():
     tokens = torch.tensor([[0, 5, 6, 5, 6]])
     assert _draws.copies(tokens, 2) and not _draws.copies(tokens, 3)
     assert not _draws.copies(torch.tensor([[0, 5, 6, 5, 7]]), 2)
+
+
+def _stubs() -> dict[str, list[str]]:
+    """``"ch01.check_next_token_loss" -> ["logits", "tokens"]``: the parameters of the stub each
+    check is called with in the solved notebooks (``check_...(stub)``)."""
+    import ast
+    import json
+    import re
+    from pathlib import Path
+
+    from attncircuits.course.exercises.make_learner import chapters
+
+    out = {}
+    for path in chapters(Path(__file__).resolve().parents[1]):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        defs = {n.name: [a.arg for a in n.args.posonlyargs + n.args.args]
+                for c in cells if "solution" in c["metadata"].get("tags", [])
+                for n in ast.parse("".join(c["source"])).body if isinstance(n, ast.FunctionDef)}
+        for c in cells:
+            for check, fn in re.findall(r"\b(check_\w+)\((\w+)", "".join(c["source"])):
+                if fn in defs:
+                    out[f"ch{path.stem[:2]}.{check}"] = defs[fn]
+    return out
+
+
+def test_every_check_names_the_inputs_as_its_stub_does():
+    """Messages call an input by the learner's own parameter name, else by the name in the call its
+    check's docstring opens with: those must be the stub's, in its order."""
+    from attncircuits.course.exercises._contract import text_names
+
+    stubs = _stubs()
+    assert {f"{m}.{n}" for m, n in CHECKS} <= set(stubs), "a check not called on a stub in its notebook"
+    bad = []
+    for module, name in CHECKS:
+        stub = stubs[f"{module}.{name}"]
+        text = text_names(getattr(importlib.import_module(f"{ex.__name__}.{module}"), name).__doc__)
+        if text != stub[: len(text)] or (stub and not text):
+            bad.append(f"{module}.{name}: the docstring says {text}, the stub {stub}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name,fn,words", [
+    ("check_head_output", lambda *a: a[0].mul_(2), "changed `resid` in place"),
+    ("check_next_token_loss", lambda *a: float(a[0].sub_(1).sum()), "changed `logits` in place"),
+    ("check_model_logits", lambda *a: a[0].W_U.mul_(2), "changed `model` in place"),
+    ("check_model_logits", lambda m, t: m.W_U.mul_(2), "changed `m` in place"),  # the learner's own names first
+    ("check_attention_pattern", lambda *a: a[1].mul_(2) * 0 + 1, "changed `k` in place"),
+])
+def test_chapter_1_messages_use_the_stubs_names(name, fn, words, capsys):
+    from attncircuits.course.exercises import ch01
+
+    assert getattr(ch01, name)(fn) is False
+    out = " ".join(capsys.readouterr().out.split())
+    assert words in out, out
+
+
+def test_a_generated_case_reads_by_the_stubs_names(capsys):
+    from attncircuits.course.exercises import ch01
+
+    def next_token_loss(logits, tokens):
+        right = -logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None]).mean()
+        return right * (1.5 if logits.shape[1] == 3 else 1)  # wrong at 3 positions only
+
+    assert ch01.check_next_token_loss(next_token_loss) is False
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(logits: a 1 x 3 x 7 tensor, tokens: [[" in out and "lg" not in out, out

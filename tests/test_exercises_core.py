@@ -37,7 +37,17 @@ def one_line(capsys) -> str:
 
 def test_correct_answer_passes(capsys):
     assert check(lambda x, d: x @ x.T / d**0.5) is True
-    assert one_line(capsys) == "✓ scores: correct on 2 cases: 1 shipped, 1 random"
+    assert one_line(capsys) == "✓ scores: correct on 2 cases"
+
+
+def test_the_success_line_has_one_form_whatever_the_names_length(capsys):
+    ref = lambda x: x * 2  # noqa: E731
+    cases = [Case("one", (torch.ones(3),)), Case("two", (torch.ones(2),), kind="random")]
+    lines = []
+    for name in ("f", "a_function_with_a_rather_long_name_indeed"):
+        assert run_check(ref, cases, ref, name=name, generate=lambda d: (d.randn(d.int(1, 4)),)) is True
+        lines.append(one_line(capsys))
+    assert [line.split(": ", 1)[1] for line in lines] == ["correct on 26 cases (2 fixed, 24 generated)"] * 2, lines
 
 
 @pytest.mark.parametrize(
@@ -162,3 +172,63 @@ def test_scalar_outputs(capsys):
     assert "wrong sign" in one_line(capsys)
     assert run_check(lambda t: "3", cases, lambda t: float(t.sum()), name="s") is False
     assert "should be a number, got a str" in one_line(capsys)
+
+
+def _doubles(fn):
+    """``_doubles(values, scale)``: a docstring that gives the stub's names, as every check's does."""
+    return run_check(fn, [Case("three", (torch.tensor([1.0, 2.0, 3.0]), 2.0))], lambda v, s: v * s, name="d",
+                     generate=lambda d: (d.randn(2), 3.0))
+
+
+def test_messages_name_the_inputs_as_the_stub_does(capsys):
+    def mine(values, scale):
+        values.mul_(1.5)
+        return values * scale
+
+    _doubles(mine)
+    assert "changed `values` in place" in one_line(capsys)  # the learner's own names
+    _doubles(lambda *a: (a[0].mul_(1.5), a[0] * a[1])[1])
+    assert "changed `values` in place" in one_line(capsys)  # no names: the docstring's, not the reference's `v`
+
+    def renamed(x, s):
+        return x * s if len(x) == 3 else x
+
+    _doubles(renamed)
+    out = one_line(capsys)
+    assert "on generated case 1 (x: [" in out and ", s: 3.0)" in out, out  # the learner's names, values numpy-style
+
+
+def test_arg_names_and_text_names():
+    from attncircuits.course.exercises._contract import arg_names, describe, text_names
+
+    assert text_names("``previous_token_score(pattern [batch, head, q, k]) -> Tensor [head]``.") == ["pattern"]
+    assert text_names("``rise_window(steps, values, lo=0.2, hi=0.8) -> (start, end)``") == [
+        "steps", "values", "lo", "hi"]
+    assert text_names("``hypothesis_2() -> dict``") == [] and text_names(None) == []
+    assert arg_names(lambda lg, t: 0, 2, ["logits", "tokens"]) == ["lg", "t"]
+    assert arg_names(lambda *a: 0, 2, ["logits", "tokens"], lambda lg, t: 0) == ["logits", "tokens"]
+    assert arg_names(lambda logits, *a: 0, 3, [], lambda lg, t: 0) == ["logits", "t", "argument 3"]
+    assert describe((torch.zeros(1, 5, 6), torch.tensor([[4, 1, 3, 0, 5]])), ["logits", "tokens"]) == (
+        "logits: a 1 x 5 x 6 tensor, tokens: [[4 1 3 0 5]]")
+    assert describe((torch.tensor([0.5, -1.25]),), ["x"], "a note") == "x: [0.5 -1.25]; a note"
+
+
+def test_the_output_axes_are_named_where_a_message_gives_an_index(capsys):
+    from attncircuits.course.exercises._compare import name_axes
+
+    axes = ("batch", "query", "key")
+    assert name_axes("values differ by up to 0.1 (at index [0, 4, 3]: got 1", axes) == (
+        "values differ by up to 0.1 (at [batch 0, query 4, key 3]: got 1")
+    assert name_axes("shifted by one along axis 1 (of size 9): your", axes) == (
+        "shifted by one along axis 1 (query, of size 9): your")
+    assert name_axes("axes 0 and 2 are swapped", axes) == "axes 0 (batch) and 2 (key) are swapped"
+    assert name_axes("at index [0, 4]", axes) == "at index [0, 4]"  # another output's index: left as it is
+    cases = [Case("c", (torch.zeros(1, 5, 5),))]
+
+    def bumped(x):
+        x = x.clone()
+        x[0, 4, 3] = 1.0
+        return x
+
+    assert run_check(bumped, cases, lambda x: x, name="p", axes=axes) is False
+    assert "at [batch 0, query 4, key 3]" in one_line(capsys)

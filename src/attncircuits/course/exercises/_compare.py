@@ -7,6 +7,7 @@ Part of the check machinery (see :mod:`._core`).
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import Tensor
@@ -249,3 +250,42 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
         f"values differ by up to {float(diff.max()):.3g} (at index {list(idx)}: got {gi:.{digits}g}, "
         f"expected {ei:.{digits}g})"
     )
+
+
+_INDEX = re.compile(r"(?:at )?index \[(\d+(?:, \d+)*)\]")
+_AXIS = re.compile(r"(?<!\()\baxis (\d+)( \(of size|(?! \())")
+_AXES = re.compile(r"\baxes (\d+) and (\d+)\b")
+_LENGTH = re.compile(r"\bthe length of axis (\d+)")
+
+
+def name_axes(message: str, axes) -> str:
+    """``message`` with the output's axes named where it gives an index or an axis by number:
+    "at index [0, 4, 3]" becomes "at [batch 0, query 4, key 3]", "along axis 1 (of size 9)"
+    "along axis 1 (query, of size 9)", for a check that names its output's ``axes``."""
+    axes = list(axes)
+
+    def index(m):
+        idx = m.group(1).split(", ")
+        if len(idx) != len(axes):
+            return m.group(0)
+        return ("at " if m.group(0).startswith("at ") else "") + "[" + ", ".join(
+            f"{a} {i}" for a, i in zip(axes, idx)) + "]"
+
+    def axis(m):
+        k = int(m.group(1))
+        if k >= len(axes):
+            return m.group(0)
+        return f"axis {k} ({axes[k]}, of size" if m.group(2) else f"axis {k} ({axes[k]})"
+
+    def pair(m):
+        a, b = int(m.group(1)), int(m.group(2))
+        if max(a, b) >= len(axes):
+            return m.group(0)
+        return f"axes {a} ({axes[a]}) and {b} ({axes[b]})"
+
+    def length(m):
+        k = int(m.group(1))
+        return f"the length of the {axes[k]} axis (axis {k})" if k < len(axes) else m.group(0)
+
+    message = _LENGTH.sub(length, message)  # before _AXIS, which would name it again
+    return _AXES.sub(pair, _AXIS.sub(axis, _INDEX.sub(index, message)))

@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import math
 import random
+import re
 import zlib
 from typing import Any, Callable
 
@@ -51,13 +52,46 @@ def _same(a: Any, b: Any) -> bool:
     return True
 
 
-def arg_names(fn: Callable | None, n: int) -> list[str]:
-    """The names of the first ``n`` parameters of ``fn`` (the reference's, which are the text's)."""
+def positional_names(fn: Callable | None) -> list[str]:
+    """The names of ``fn``'s parameters that a positional argument can fill, in order, up to the
+    first ``*args`` or keyword-only one (none for a builtin without a signature)."""
     try:
-        params = [p.name for p in inspect.signature(fn).parameters.values()]
+        params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        params = []
-    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n)]
+        return []
+    names = []
+    for p in params:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(p.name)
+    return names
+
+
+_SIGNATURE = re.compile(r"``\s*\w+\(([^()]*)\)")
+
+
+def text_names(doc: str | None) -> list[str]:
+    """The parameter names of the first call written ``name(a, b [shape], c=1)`` in ``doc`` (a
+    check's docstring gives the exercise's stub so: ``next_token_loss(logits, tokens)``)."""
+    m = _SIGNATURE.search(doc or "")
+    if m is None:
+        return []
+    inner = re.sub(r"\[[^\]]*\]", "", m.group(1))  # shapes: ``pattern [batch, head, q, k]``
+    names = [re.match(r"\s*\*{0,2}(\w*)", part).group(1) for part in inner.split(",")]
+    return [n for n in names if n] if all(names) or names == [""] else []
+
+
+def arg_names(fn: Callable | None, n: int, *fallbacks: list[str] | Callable | None) -> list[str]:
+    """The names the messages give the first ``n`` arguments: the learner's own function's (the
+    stub's, once the learner filled it in), position by position, then where it has none there (a
+    ``lambda *a``, too few parameters) those of each fallback in turn (the exercise's text, the
+    reference), else "argument i"."""
+    lists = [positional_names(fn)] + [f if isinstance(f, list) else positional_names(f) for f in fallbacks]
+    out = []
+    for i in range(n):
+        name = next((names[i] for names in lists if i < len(names) and names[i] not in out), None)
+        out.append(name or f"argument {i + 1}")
+    return out
 
 
 def changed_inputs(given: tuple, kwargs_given: dict, case, names: list[str]) -> str | None:
@@ -128,14 +162,28 @@ class Draw:
         return options[self.rng.randrange(len(options))]
 
 
+def _number(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _values(x: Tensor) -> str:
+    """A small tensor's values, numpy-style (``[[4 1 3 0 5]]``): the brackets show its shape."""
+    if x.ndim == 0:
+        return _number(x.item())
+    if x.ndim == 1:
+        return "[" + " ".join(_number(v) for v in x.tolist()) + "]"
+    return "[" + " ".join(_values(row) for row in x) + "]"
+
+
 def describe(args: tuple, names: list[str], note: str = "") -> str:
-    """A generated case in a few words: lists and small tensors by value, larger tensors by shape."""
+    """A generated case in a few words, each input by its name: small tensors and lists by value,
+    larger tensors by shape, a model by its sizes (``logits: a 1 x 5 x 6 tensor, tokens: [[4 1 3
+    0 5]]``)."""
 
     def one(x) -> str:
         if isinstance(x, Tensor):
-            if x.numel() <= 6:
-                return repr([round(v, 4) if isinstance(v, float) else v for v in x.flatten().tolist()]) + (
-                    f" (shape {list(x.shape)})" if x.ndim != 1 else "")
+            if x.numel() <= 8 and x.ndim <= 3 and not x.is_complex():
+                return _values(x)
             return f"a {' x '.join(map(str, x.shape))} tensor"
         cfg = getattr(x, "cfg", None)
         if cfg is not None and all(hasattr(cfg, k) for k in ("n_layers", "n_heads", "d_head", "d_vocab", "n_ctx")):
@@ -150,5 +198,5 @@ def describe(args: tuple, names: list[str], note: str = "") -> str:
             return f"a {type(x).__name__} of {len(x)}"
         return repr(x) if isinstance(x, (int, float, str)) or dataclasses.is_dataclass(x) else type(x).__name__
 
-    parts = ", ".join(f"{n}={one(a)}" for n, a in zip(names, args))
+    parts = ", ".join(f"{n}: {one(a)}" for n, a in zip(names, args))
     return parts + (f"; {note}" if note else "")

@@ -29,7 +29,7 @@ book's column) and returns True or False. It never raises for anything the learn
   :func:`._run._run_with_time_limit`); a method the exercise rules out is judged by what it
   computes, not by time (:class:`Method`);
 - an input changed in place (each argument the learner's function was given is compared with the
-  case's own after the call: "your function changed `W` in place");
+  case's own after the call: "your function changed `logits` in place");
 - not the type the text asks (``returns=float``: "returns a 0-d tensor; the exercise asks for a
   float");
 - wrong type, wrong shape (expected vs got, with "transposed" or "a missing batch axis" where
@@ -40,7 +40,15 @@ book's column) and returns True or False. It never raises for anything the learn
   :mod:`._compare`, another head's answer (``Case.others``), the wrong sign, a transpose or two
   swapped axes, a shift by one along an axis, a factor that is an axis length, ln 2, 100 or a
   square root; then "right on the shipped model but wrong on the random one" when the learner
-  passes every case of one kind and fails another; else the largest difference and where.
+  passes every case of one kind and fails another; else the largest difference and where (with
+  the output's axes named when the check gives ``axes``: "at [batch 0, query 4, key 3]").
+
+Messages call the inputs by the names of the exercise's stub: the learner's own function's
+parameters (the stub's, once filled in), and where it has none (a ``lambda *a``, too few
+parameters) the names of the call the check's docstring opens with (``next_token_loss(logits,
+tokens)``: every check's does, and a test holds them to the notebooks' stubs), then the
+reference's. A correct function gets one form of ✓ line for every check: "correct on 28 cases
+(4 fixed, 24 generated)", or "correct on 4 cases" for a check with no generated ones.
 
 ``run_check`` applies :func:`guarded`'s guard itself (so every check has it; a chapter wraps its
 check in :func:`guarded` too when building the cases may fail): it runs with float32 as the default dtype,
@@ -76,7 +84,8 @@ Writing a check:
   :mod:`._draws` has the draws several chapters share (small models, tokens, causal patterns);
   a ``Case`` returned by ``generate`` may carry ``others`` and ``expected``.
 - ``returns`` (``float`` or ``int``): the type the text asks; ``outputs``: names of a tuple's
-  items for messages; ``identities``: :class:`Identity` facts the text states about the inputs.
+  items for messages; ``axes``: names of a tensor output's axes for messages (``("batch",
+  "query", "key")``); ``identities``: :class:`Identity` facts the text states about the inputs.
 - ``compare(got, expected, case)`` replaces the numeric comparison for outputs that are not
   tensors or numbers (e.g. a list of token triples); it returns ``None`` when they agree, else
   the message.
@@ -101,8 +110,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from attncircuits.checkpoints import modelset
-from attncircuits.course.exercises._compare import _describe_type
-from attncircuits.course.exercises._contract import Draw, arg_names, changed_inputs, describe
+from attncircuits.course.exercises._compare import _describe_type, name_axes
+from attncircuits.course.exercises._contract import Draw, arg_names, changed_inputs, describe, text_names
 from attncircuits.course.exercises._inputs import other_heads, random_model, random_tokens, shipped
 from attncircuits.course.exercises._judge import _compare_one, _fits
 from attncircuits.course.exercises._run import Method, _call, _first_line, _Stop
@@ -231,6 +240,7 @@ def run_check(
     n_generated: int | None = None,
     returns: type | None = None,
     outputs: Sequence[str] | None = None,
+    axes: Sequence[str] | None = None,
     identities: Sequence[Identity] = (),
 ) -> bool:
     """Run ``fn`` on every case, then on the generated ones, against ``reference`` and print one
@@ -243,34 +253,50 @@ def run_check(
     name = name or getattr(fn, "__name__", "your function")
     caller = sys._getframe(1)  # the chapter's check, whose cases CASES_RUN keeps
     key = f"{caller.f_globals.get('__name__', '').rsplit('.', 1)[-1]}.{caller.f_code.co_name}"
+    text = text_names(getattr(caller.f_globals.get(caller.f_code.co_name), "__doc__", None))
     settings = dict(atol=atol, rtol=rtol, canonical=canonical, compare=compare, time_limit=time_limit,
-                    slow_hint=slow_hint, method=method, returns=returns, outputs=outputs)
+                    slow_hint=slow_hint, method=method, returns=returns, outputs=outputs, axes=axes, text=text)
     return _safely(fn, lambda: _judge_all(fn, name, key, cases, reference, diagnoses, settings, generate,
                                           N_GENERATED if n_generated is None else n_generated, identities))
 
 
-_GENERATED: dict[tuple, list[Case]] = {}  # (check, n, argument names) -> its generated cases, drawn once a session
-_EXPECTED: dict[int, tuple[Any, float]] = {}  # id of a generated case -> the reference's output and its seconds
+_DRAWN: dict[tuple, list[Case]] = {}  # (check, n) -> its generated cases, drawn once a session
+_GENERATED: dict[tuple, list[Case]] = {}  # (check, n, argument names) -> those cases, labelled with the names
+_EXPECTED: dict[int, tuple[Any, float]] = {}  # id of a generated case's args -> the reference's output and its seconds
 
 
 def _generated(name: str, generate, n: int, names: list[str]) -> list[Case]:
     """The check's generated cases: drawn once a session (they are seeded, and every call gets
-    copies of their inputs), so a check run again costs only the calls."""
+    copies of their inputs), so a check run again costs only the calls; their labels describe
+    the inputs by the names the messages use (the learner's own parameters'), and a learner who
+    names them otherwise gets the same cases (the same ``args``, whose reference output is kept)."""
+    if (name, n) not in _DRAWN:
+        _DRAWN[(name, n)] = _draw_cases(name, generate, n)
     key = (name, n, tuple(names))
     if key not in _GENERATED:
-        _GENERATED[key] = _draw_cases(name, generate, n, names)
+        _GENERATED[key] = [Case(f"generated case {i + 1} ({describe(c.args, names, c.label)})", c.args, c.kwargs,
+                                kind="generated", expected=c.expected, others=c.others)
+                           for i, c in enumerate(_DRAWN[(name, n)])]
     return _GENERATED[key]
 
 
-def _draw_cases(name: str, generate, n: int, names: list[str]) -> list[Case]:
+def _draw_cases(name: str, generate, n: int) -> list[Case]:
     out = []
     for i in range(n):
         made = generate(Draw(name, i))
         if not isinstance(made, Case):
             made = Case("", tuple(made))
-        out.append(Case(f"generated case {i + 1} ({describe(made.args, names, made.label)})", made.args,
-                        made.kwargs, kind="generated", expected=made.expected, others=made.others))
+        out.append(Case(made.label, tuple(made.args), made.kwargs, kind="generated", expected=made.expected,
+                        others=made.others))
     return out
+
+
+def _success(passed: list[Case]) -> str:
+    """The ✓ line's message, one form for every check: how many cases, and how many of them were
+    generated (``correct on 28 cases (4 fixed, 24 generated)``)."""
+    n, generated = len(passed), sum(c.kind == "generated" for c in passed)
+    message = f"correct on {n} case{'s' * (n != 1)}"
+    return message + (f" ({n - generated} fixed, {generated} generated)" if generated else "")
 
 
 def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_generated, identities) -> bool:
@@ -278,28 +304,28 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
         if not callable(fn):
             raise _Stop(f"expected a function, got {_describe_type(fn)}; pass the function itself, without calling it")
         cases = list(cases)
-        names = arg_names(reference or fn, max([len(c.args) for c in cases] + [0]))
+        names = arg_names(fn, max([len(c.args) for c in cases] + [0]), s["text"], reference)
         if generate is not None:
             cases += _generated(key, generate, n_generated, names)
         CASES_RUN[key] = (cases, tuple(identities))
         deadline = time.perf_counter() + s["time_limit"]
         passed: list[Case] = []
-        failed: tuple | None = None  # (case, message, candidate diagnoses)
+        failed: tuple | None = None  # (case, message, candidate diagnoses, expected)
         seen: list[tuple[Case, Any, Any]] = []  # (case, expected, got) of every case run
         for case in cases:
             expected, limit = case.expected, s["time_limit"]
             if expected is None:
                 if reference is None:
                     raise ValueError(f"case {case.label!r} has no expected value and the check has no reference")
-                if id(case) in _EXPECTED:  # a generated case: the reference ran on it before
-                    expected, seconds = _EXPECTED[id(case)]
+                if case.kind == "generated" and id(case.args) in _EXPECTED:  # the reference ran on it before
+                    expected, seconds = _EXPECTED[id(case.args)]
                 else:
                     t = time.perf_counter()
                     with torch.no_grad():
                         expected = reference(*case.args, **case.kwargs)
                     seconds = time.perf_counter() - t
                     if case.kind == "generated":
-                        _EXPECTED[id(case)] = (expected, seconds)
+                        _EXPECTED[id(case.args)] = (expected, seconds)
                 limit = min(limit, max(MIN_CALL_LIMIT, CALL_FACTOR * seconds))
             limit = max(0.05, min(limit, deadline - time.perf_counter()))
             try:
@@ -323,23 +349,20 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
             if problem is None:
                 passed.append(case)
             else:
-                failed = (case, problem, candidates)
+                failed = (case, problem, candidates, expected)
                 if not candidates:
                     break
         if failed is None:
-            counts = {k: sum(c.kind == k for c in passed) for k in dict.fromkeys(c.kind for c in passed)}
-            kinds = ", ".join(f"{n} {k}" for k, n in counts.items())
-            message = f"correct on {len(passed)} case{'s' * (len(passed) != 1)}: {kinds}"
-            if len(f"✓ {name}: {message}") > WIDTH:  # one line: the generated cases counted apart from the rest
-                message = f"correct on {len(passed)} cases, {counts.get('generated', 0)} of them generated"
-            return report(name, True, message)
-        case, problem, candidates = failed
+            return report(name, True, _success(passed))
+        case, problem, candidates, expected = failed
         for diagnosis in candidates:
             if all(_fits(diagnosis, c, e, g, s["canonical"], s["atol"], s["rtol"]) for c, e, g in seen if c is not case):
                 problem = diagnosis.message
                 break
         if callable(problem):
             problem = problem()
+        if s["axes"] and isinstance(expected, torch.Tensor) and expected.ndim == len(s["axes"]):
+            problem = name_axes(problem, s["axes"])
         passed_kinds = {c.kind for c in passed}
         if passed and case.kind not in passed_kinds:
             kinds = " and ".join(sorted(passed_kinds))

@@ -289,7 +289,8 @@ def _stub_called(tb, fn: Callable) -> str | None:
     if not frames or str(Path(frames[-1].co_filename).resolve()).startswith(_LIBRARY_DIRS):
         return ""  # raised by a library: not a stub
     code = frames[-1]
-    if code is getattr(fn, "__code__", None) or code.co_name in ("<lambda>", "<module>"):
+    own = getattr(inspect.unwrap(fn), "__code__", None)  # a check may wrap the learner's function
+    if code is getattr(fn, "__code__", None) or code is own or code.co_name in ("<lambda>", "<module>"):
         return None
     return code.co_name
 
