@@ -23,6 +23,7 @@ def add(wrong, right, sol) -> None:
     _in_place(wrong, sol)
     _types(wrong, sol)
     _not_that_mistake(wrong, sol)
+    _package_answers(wrong)
 
 
 def _heads4_logits(m, t):
@@ -214,3 +215,30 @@ def _not_that_mistake(wrong, sol) -> None:
           avoid="head's output in the residual stream")
     wrong("ch09.check_zero_ablated_loss", "the summed loss", lambda tl, t, l, h: sol("zero_ablated_loss")(tl, t, l, h).sum(),
           "shape", avoid="mean loss")
+
+
+def _package_answers(wrong) -> None:
+    """The package's own answer called in place of the exercise's work: refused by name."""
+    from attncircuits.analysis import circuits
+    from attncircuits.analysis.circuits.composition import random_composition_scores
+    from attncircuits.models.parts import loss_fn
+
+    said = "the package's own answer"
+    wrong("ch01.check_model_logits", "the model's own forward pass", lambda m, t: m(t), said, "named")
+    wrong("ch01.check_model_logits", "forward_checked", lambda m, t: m.forward_checked(t), said, "named")
+    wrong("ch01.check_next_token_loss", "the package's loss_fn", lambda lg, t: loss_fn(lg, t), said, "named")
+    wrong("ch05.check_k_composition_score", "composition_score",
+          lambda m, w, r: circuits.composition_score(m, "k", (0, w), (1, r)), said, "named")
+    wrong("ch05.check_random_composition_scores", "random_composition_scores",
+          lambda d, h, n, s=0: random_composition_scores(d, h, n, s), said, "named")
+    wrong("ch05.check_virtual_ov", "virtual_ov_circuit",
+          lambda m, w, r: circuits.virtual_ov_circuit(m, w, r).dense(), said, "named")
+    wrong("ch05.check_first_order_loss", "term_importance",
+          lambda m, t: circuits.term_importance(m, t).first_order, said, "named")
+    hb = __import__("attncircuits.models.handbuilt", fromlist=["x"])
+    wrong("ch08.check_previous_token_qk", "the package's previous_token_qk", hb.previous_token_qk, said, "named")
+    wrong("ch08.check_copy_ov", "the package's copy_ov", hb.copy_ov, said, "named")
+    wrong("ch08.check_two_back_model", "the package's two_back_model", lambda layout: hb.two_back_model(layout), said,
+          "named")
+    wrong("ch08.check_induction_qk", "the package's induction_qk", lambda layout: hb.induction_qk(layout), said,
+          "named")

@@ -83,6 +83,9 @@ Writing a check:
   expected. The cases are drawn once a session and the reference's output on each is kept.
   :mod:`._draws` has the draws several chapters share (small models, tokens, causal patterns);
   a ``Case`` returned by ``generate`` may carry ``others`` and ``expected``.
+- ``withheld``: the package's own answers to the exercise (functions, or ``(class, method)``
+  pairs), which the learner's function may not call while the check runs it: "your function calls
+  `composition_score`, the package's own answer to this exercise".
 - ``returns`` (``float`` or ``int``): the type the text asks; ``outputs``: names of a tuple's
   items for messages; ``axes``: names of a tensor output's axes for messages (``("batch",
   "query", "key")``); ``identities``: :class:`Identity` facts the text states about the inputs.
@@ -242,6 +245,7 @@ def run_check(
     outputs: Sequence[str] | None = None,
     axes: Sequence[str] | None = None,
     identities: Sequence[Identity] = (),
+    withheld: Sequence = (),
 ) -> bool:
     """Run ``fn`` on every case, then on the generated ones, against ``reference`` and print one
     message; True when all agree.
@@ -255,7 +259,8 @@ def run_check(
     key = f"{caller.f_globals.get('__name__', '').rsplit('.', 1)[-1]}.{caller.f_code.co_name}"
     text = text_names(getattr(caller.f_globals.get(caller.f_code.co_name), "__doc__", None))
     settings = dict(atol=atol, rtol=rtol, canonical=canonical, compare=compare, time_limit=time_limit,
-                    slow_hint=slow_hint, method=method, returns=returns, outputs=outputs, axes=axes, text=text)
+                    slow_hint=slow_hint, method=method, returns=returns, outputs=outputs, axes=axes, text=text,
+                    withheld=tuple(withheld))
     return _safely(fn, lambda: _judge_all(fn, name, key, cases, reference, diagnoses, settings, generate,
                                           N_GENERATED if n_generated is None else n_generated, identities))
 
@@ -330,7 +335,7 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
             limit = max(0.05, min(limit, deadline - time.perf_counter()))
             try:
                 got = _call(fn, case, limit, s["slow_hint"], s["method"],
-                            lambda a, k, case=case: changed_inputs(a, k, case, names))
+                            lambda a, k, case=case: changed_inputs(a, k, case, names), s["withheld"])
             except _Stop:
                 if failed is None:
                     raise

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from attncircuits.course.exercises._withhold import Withheld, withhold
+
 if TYPE_CHECKING:
     from attncircuits.course.exercises._core import Case
 
@@ -296,9 +298,10 @@ def _stub_called(tb, fn: Callable) -> str | None:
 
 
 def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method | None = None,
-          after: Callable[[tuple, dict], str | None] | None = None) -> Any:
+          after: Callable[[tuple, dict], str | None] | None = None, withheld=()) -> Any:
     """The learner's output on copies of ``case``'s inputs, or _Stop with the message; ``after``
-    reads the copies once the call has returned (a message when they changed)."""
+    reads the copies once the call has returned (a message when they changed); ``withheld``: the
+    package's answers to the exercise, which the call may not use (:func:`withhold`)."""
     args, kwargs = copy.deepcopy(case.args), copy.deepcopy(case.kwargs)
 
     def call():
@@ -308,10 +311,13 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
             return fn(*args, **kwargs)
 
     try:
-        with torch.enable_grad() if case.grad else torch.no_grad():
+        with torch.enable_grad() if case.grad else torch.no_grad(), withhold(withheld, fn):
             out, _ = _run_with_time_limit(call, limit)
     except _WrongMethod:
         raise _Stop(f"on {case.label}: {method.message}")
+    except Withheld as err:
+        raise _Stop(f"your function calls `{err.name}`, the package's own answer to this exercise: write "
+                    "it yourself (the cells after the exercise use the package's)")
     except NotImplementedError as err:
         stub = _stub_called(err.__traceback__, fn)
         if stub is None:

@@ -15,6 +15,7 @@ from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import Case, Diagnosis, Draw, guarded, random_model, random_tokens, run_check, shipped
 from attncircuits.models.parts import loss_fn
+from attncircuits.models.transformer import Transformer
 
 __all__ = ["check_attention_pattern", "check_head_output", "check_model_logits", "check_next_token_loss"]
 
@@ -277,7 +278,8 @@ def check_model_logits(model_logits) -> bool:
             pos_in_heads=False),
     ]
     return run_check(model_logits, cases, _model_logits, mistakes, atol=1e-3, rtol=1e-3, n_generated=_draws.MODEL_CASES,
-                     generate=lambda draw: _draws.model_tokens(draw, n_layers=(0, 3)), axes=("batch", "pos", "token"))
+                     generate=lambda draw: _draws.model_tokens(draw, n_layers=(0, 3)), axes=("batch", "pos", "token"),
+                     withheld=[(Transformer, "forward"), (Transformer, "forward_checked")])
 
 
 # ---- Exercise 1.4 --------------------------------------------------------------------------------
@@ -366,7 +368,7 @@ def check_next_token_loss(next_token_loss) -> bool:
                   "cross-entropy, -log p of the next token", applies=_smoothed),
     ]
     return run_check(next_token_loss, cases, _next_token_loss, mistakes, atol=1e-4, rtol=1e-4,
-                     generate=_logits_case)
+                     generate=_logits_case, withheld=[loss_fn])
 
 
 def _logits_case(draw: Draw):

@@ -9,16 +9,15 @@ in place of the K one, a virtual head read in the wrong order, the virtual terms
 
 from __future__ import annotations
 
-import functools
-import math
 
 import torch
 from torch import Tensor
 
 from attncircuits.analysis import circuits
-from attncircuits.analysis.circuits.composition import random_composition_scores
+from attncircuits.analysis.circuits.composition import random_composition_baseline, random_composition_scores
 from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.course.exercises import _draws
+from attncircuits.course.exercises import ch05_baseline as baseline
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
@@ -163,6 +162,7 @@ def check_k_composition_score(fn) -> bool:
         name="k_composition_score",
         atol=1e-5,
         rtol=1e-3,
+        withheld=[circuits.composition_score, circuits.composition_scores],
         returns=float,
         n_generated=_draws.MODEL_CASES,
         generate=_writer_reader,
@@ -181,111 +181,6 @@ def _writer_reader(draw: Draw, label: str = "reader 1.{}", vary: int = 2) -> Cas
 
 
 # ---- 5.3 the random baseline ---------------------------------------------------------------------
-N_TARGET = 20_000  # samples of the reference's distribution each learner's sample is read against
-
-
-@functools.lru_cache(maxsize=None)
-def _variant_scores(d_model: int, d_head: int, n: int, how: str, seed: int = 99) -> Tensor:
-    """Scores of ``n`` random pairs drawn one usual wrong way: ``full`` (full-rank matrices),
-    ``same`` (one matrix as writer and reader), ``uniform`` (torch.rand factors) or ``symmetric``
-    (``U @ U.T``: one factor used twice)."""
-    g = torch.Generator().manual_seed(seed)
-    draw = (lambda *sh: torch.rand(*sh, generator=g)) if how == "uniform" else (lambda *sh: torch.randn(*sh, generator=g))
-
-    def mat():
-        if how == "full":
-            return draw(n, d_model, d_model)
-        if how == "symmetric":
-            u = draw(n, d_model, d_head)
-            return u @ u.mT
-        return draw(n, d_model, d_head) @ draw(n, d_head, d_model)
-
-    first = mat()
-    second = first if how == "same" else mat()
-    norm = torch.linalg.matrix_norm
-    return (norm(first @ second) / (norm(first) * norm(second))).double()
-
-
-_BASELINE_MISTAKES = {
-    "full": "your matrices are full rank: each must be a rank-d_head product, [d_model, d_head] @ [d_head, d_model]",
-    "same": "the writer and the reader are the same matrix: draw two independent matrices for every sample",
-    "uniform": "your factors come from torch.rand (uniform in [0, 1), all positive): draw centred Gaussian "
-               "entries with torch.randn",
-    "symmetric": "your matrices are symmetric, one factor times its own transpose (U @ U.T): draw the two "
-                 "factors of each matrix independently",
-}
-
-
-def _agree(mean, std, ref: Tensor, n: int) -> bool:
-    """Whether ``n`` samples with this mean and standard deviation could come from ``ref``'s
-    distribution: each within 5 standard errors of the two samples' difference (that of the
-    spread from the reference's fourth moment, as the scores are not Gaussian), plus 0.5%."""
-    ref = ref.double()
-    m, N = len(ref), float(ref.mean())
-    var = float(ref.var())
-    fourth = float(((ref - N) ** 4).mean())
-    se_mean = math.sqrt(var / n + var / m)
-    se_std = math.sqrt(max(fourth - var**2, 1e-30) * (1 / n + 1 / m)) / (2 * math.sqrt(var))
-    return (abs(mean - N) <= 5 * se_mean + 0.005 * N
-            and abs(std - math.sqrt(var)) <= 5 * se_std + 0.005 * math.sqrt(var))
-
-
-_SEEDED: dict[tuple, list[Tensor]] = {}  # (d_model, d_head, n, seed) -> the learner's scores, per call
-
-
-def _called_twice(fn):
-    """The learner's function, called twice on every case: a seed is there to reproduce the
-    samples, so both calls must agree; each call's scores are kept for :func:`_compare_baseline`."""
-
-    @functools.wraps(fn)
-    def twice(d_model, d_head, n_samples, *seed):
-        runs = [fn(d_model, d_head, n_samples, *seed) for _ in range(2)]
-        _SEEDED[(d_model, d_head, n_samples, *(seed or (0,)))] = runs
-        return runs[0]
-
-    return twice
-
-
-def _seed_problem(got: Tensor, case) -> str | None:
-    """What is wrong with the seed, if the learner's two calls say so: other scores for the same
-    seed (the global generator), or the same scores for another seed (the seed ignored)."""
-    key = (*case.args[:3], *(case.args[3:] or (0,)))
-    again = _SEEDED.get(key, (got, got))[1]
-    if isinstance(again, Tensor) and (again.shape != got.shape or not torch.equal(again.detach().double(), got)):
-        return ("a second call with the same seed gave other scores: draw from "
-                "torch.Generator().manual_seed(seed), not from torch's global generator")
-    for (*sizes, seed), (other, _) in _SEEDED.items():
-        if tuple(sizes) == key[:3] and seed != key[3] and isinstance(other, Tensor) and other.shape == got.shape \
-                and torch.equal(other.detach().double(), got):
-            return f"seeds {seed} and {key[3]} gave the very same scores: draw with the seed you are given"
-    return None
-
-
-def _compare_baseline(got, expected, case) -> str | None:
-    if not isinstance(got, Tensor):
-        return f"return a tensor of the scores, got a {type(got).__name__}"
-    d_model, d_head, n = case.args[:3]
-    if tuple(got.shape) != (n,):
-        return f"return one score per sample, shape [{n}]; got {list(got.shape)}"
-    got = got.detach().double()
-    if not torch.isfinite(got).all():
-        bad = int((~torch.isfinite(got)).sum())
-        return f"{bad} of your {n} scores are NaN or infinite (a division by a zero norm?)"
-    mean, std = float(got.mean()), float(got.std())
-    if std < 1e-6:
-        return "all your samples have the same score: draw new random matrices for every sample"
-    if _agree(mean, std, expected.double(), n):
-        return _seed_problem(got, case)
-    for how, message in _BASELINE_MISTAKES.items():  # said only when the scores look like that mistake's
-        if _agree(mean, std, _variant_scores(d_model, d_head, N_TARGET, how), n):
-            return message
-    if mean > 1 + 1e-4:
-        return f"scores above 1 (mean {mean:.3g}): divide by the two Frobenius norms"
-    ref_mean, ref_std = float(expected.mean()), float(expected.std())
-    return (f"your scores' mean is {mean:.4f} and spread (std) {std:.4f}; the baseline's are {ref_mean:.4f} and "
-            f"{ref_std:.4f}: draw each matrix as the product of two Gaussian factors")
-
-
 @guarded
 def check_random_composition_scores(fn) -> bool:
     """``random_composition_scores(d_model, d_head, n_samples, seed) -> Tensor [n_samples]``:
@@ -293,30 +188,17 @@ def check_random_composition_scores(fn) -> bool:
     those of the usual wrong draws (full rank, torch.rand, symmetric matrices); each case is called
     twice, and the same seed must give the same scores, another seed others."""
     cases = [
-        Case("d_model=32, d_head=4, 4,000 samples, seed 1", (32, 4, 4000, 1), kind="random"),
-        Case("d_model=32, d_head=4, 4,000 samples, seed 2", (32, 4, 4000, 2), kind="random"),
-        Case("d_model=64, d_head=16, 2,000 samples", (64, 16, 2000, 3), kind="random"),
+        Case("d_model=32, d_head=4, 2,000 samples, seed 1", (32, 4, 2000, 1), kind="random"),
+        Case("d_model=32, d_head=4, 2,000 samples, seed 2", (32, 4, 2000, 2), kind="random"),
+        Case("d_model=64, d_head=16, 1,000 samples", (64, 16, 1000, 3), kind="random"),
     ]
     for c in cases:  # the reference with many samples, so its mean and spread are a fixed target
-        c.expected = _target(c.args[0], c.args[1])
-    _SEEDED.clear()
-    return run_check(_called_twice(fn), cases, lambda d_model, d_head, n, seed=0: _target(d_model, d_head),
-                     compare=_compare_baseline, name="random_composition_scores",
-                     n_generated=3, generate=_baseline_sizes)
-
-
-@functools.lru_cache(maxsize=None)
-def _target(d_model: int, d_head: int) -> Tensor:
-    return random_composition_scores(d_model, d_head, N_TARGET, seed=99)
-
-
-def _baseline_sizes(draw: Draw):
-    """(d_model, d_head, n_samples, seed) at the edges: d_head 1, d_head = d_model (full rank), the
-    seed 0 left to its default."""
-    edge = draw.edge(3)
-    d_model, d_head, n = ((16, 1, 2000), (8, 8, 2000), (24, 6, 2000))[edge] if edge is not None else (
-        16, draw.int(1, 16), 2000)
-    return (d_model, d_head, n) if edge == 2 else (d_model, d_head, n, draw.int(0, 100))
+        c.expected = baseline.target(c.args[0], c.args[1])
+    baseline.SEEDED.clear()
+    return run_check(baseline.called_twice(fn), cases, lambda d_model, d_head, n, seed=0: baseline.target(d_model, d_head),
+                     compare=baseline.compare_baseline, name="random_composition_scores",
+                     withheld=[random_composition_scores, random_composition_baseline],
+                     n_generated=3, generate=baseline.baseline_sizes)
 
 
 # ---- 5.4 a virtual head's OV circuit -------------------------------------------------------------
@@ -353,6 +235,7 @@ def check_virtual_ov(fn) -> bool:
         name="virtual_ov",
         atol=1e-3,
         rtol=1e-3,
+        withheld=[circuits.virtual_ov_circuit],
         n_generated=_draws.MODEL_CASES,
         generate=lambda draw: _writer_reader(draw, "writer 0.{}", 1),
     )
@@ -393,6 +276,7 @@ def check_first_order_loss(fn) -> bool:
         name="first_order_loss",
         atol=1e-4,
         rtol=1e-4,
+        withheld=[circuits.term_importance],
         returns=float,
         n_generated=8,
         generate=lambda draw: _draws.model_tokens(draw, 2, min_pos=2),

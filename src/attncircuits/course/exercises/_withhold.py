@@ -1,0 +1,71 @@
+"""The package's own answer to an exercise, withheld while the learner's function runs: a check
+names the functions (or ``(class, method)`` pairs) that are the exercise's answer, and a learner's
+function that calls one is told so, by name, instead of passing on the package's work."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from typing import Callable
+
+
+class Withheld(BaseException):
+    """Raised inside the learner's call when it calls the package's own answer to the exercise (a
+    BaseException, so that a learner's ``except Exception`` does not hide it)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _held(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return None
+
+
+def _set(owner, attr: str, value) -> None:
+    if isinstance(owner, dict):
+        owner[attr] = value
+    else:
+        setattr(owner, attr, value)
+
+
+@contextlib.contextmanager
+def withhold(answers, fn: Callable):
+    """While the learner's function runs, each of ``answers`` (the package's functions that answer
+    the exercise, or ``(class, method name)`` pairs) raises :class:`Withheld` wherever a learner
+    reaches it: as an attribute of any of the package's modules, a name in the learner's own
+    globals (``from ... import it``), or the class's method."""
+    own = inspect.unwrap(fn)
+    for answer in answers:  # the package's function passed as the learner's (``copy_ov = hb.copy_ov``)
+        label, target = (f"{answer[0].__name__}.{answer[1]}", vars(answer[0])[answer[1]]) if isinstance(answer, tuple) \
+            else (answer.__name__, answer)
+        if getattr(own, "__func__", own) is target:
+            raise Withheld(label)
+    swaps = []
+    learner_globals = getattr(own, "__globals__", {})
+    for answer in answers:
+        if isinstance(answer, tuple):
+            owner, attr = answer
+            label, places = f"{owner.__name__}.{attr}", [(owner, attr, vars(owner)[attr])]
+        else:
+            label = answer.__name__
+            spaces = [vars(m) for n, m in list(sys.modules.items()) if n.split(".")[0] == "attncircuits" and m is not None]
+            places = [(space, a, v) for space in [*spaces, learner_globals] for a, v in list(space.items()) if v is answer]
+            places += [(cell, "cell_contents", answer) for cell in getattr(own, "__closure__", None) or ()
+                       if _held(cell) is answer]
+
+        def blocked(*args, _label=label, **kwargs):
+            raise Withheld(_label)
+
+        for owner, attr, value in places:
+            _set(owner, attr, blocked)
+            swaps.append((owner, attr, value))
+    try:
+        yield
+    finally:
+        for owner, attr, value in reversed(swaps):
+            _set(owner, attr, value)
