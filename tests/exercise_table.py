@@ -26,7 +26,9 @@ from typing import Callable
 
 import torch
 
+import exercise_table_ch08
 import exercise_table_edges
+import exercise_table_more
 
 from attncircuits.course.exercises.make_learner import chapters
 from attncircuits.analysis.circuit_check import model_grammar
@@ -195,7 +197,7 @@ wrong(C, "NaN", with_nan("model_logits"), "NaN")
 wrong(C, "wrong sign", negated("model_logits"), "wrong sign")
 wrong(C, "shifted by one position", rolled("model_logits", 1), "shifted by one")
 wrong(C, "in bits", times("model_logits", 1 / math.log(2)), "ln 2")
-right(C, "the model's forward", lambda m, t: m(t))
+wrong(C, "the model's forward", lambda m, t: m(t), "the package's own answer", "named")
 right(C, "in float64", in_float64("model_logits"))
 
 C = "ch01.check_next_token_loss"
@@ -475,8 +477,8 @@ wrong(C, "zeros", zeros("virtual_ov"), "all zeros")
 wrong(C, "NaN", with_nan("virtual_ov"), "NaN")
 wrong(C, "negated", negated("virtual_ov"), "wrong sign")
 wrong(C, "transposed", transposed("virtual_ov"), "transposed")
-right(C, "FactoredMatrix", lambda m, w, r: __import__("attncircuits.analysis.circuits", fromlist=["x"]).virtual_ov_circuit(
-    m, w, r).dense())
+right(C, "FactoredMatrix", lambda m, w, r: __import__("attncircuits.analysis.circuits", fromlist=["x"]).FactoredMatrix(
+    m.W_E @ m.blocks[0].W_V[w] @ m.blocks[0].W_O[w], m.blocks[1].W_V[r] @ m.blocks[1].W_O[r] @ m.W_U).dense())
 right(C, "in float64", in_float64("virtual_ov"))
 
 C = "ch05.check_first_order_loss"
@@ -1094,6 +1096,8 @@ right(C, "one head and one token at a time", _paths_by_loop)
 right(C, "lists of floats in a tuple", _paths(lambda d, v, m, t: (d, v)))
 
 exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
+exercise_table_ch08.add(wrong, right, lambda name: _sol(name))
+exercise_table_more.add(wrong, right, lambda name: _sol(name))
 
 
 def outcome(row: Row) -> tuple[str, str]:

@@ -198,6 +198,8 @@ def _in_place(wrong, sol) -> None:
         "previous_token_qk")(W.div_(W.norm(dim=-1, keepdim=True)), n, d), "in place", "named")
     wrong("ch09.check_induction_stripe_scores", "zeroes the [EOT] column of the caller's pattern", lambda p, L: (
         p.__setitem__((Ellipsis, 0), 0.0), sol("induction_stripe_scores")(p, L))[1], "in place", "named")
+    wrong("ch01.check_model_logits", "leaves a forward hook on the caller's model", lambda m, t: (
+        m.register_forward_hook(lambda *a: None), sol("model_logits")(m, t))[1], "leaves 1 hook(s) on `m`", "named")
 
 
 def _types(wrong, sol) -> None:

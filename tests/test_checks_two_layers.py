@@ -4,6 +4,7 @@ ones; the hand-built reference models meet the targets chapter 8 states."""
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -139,13 +140,13 @@ def test_prefix_matching_score(capsys):
 def test_find_induction_heads(capsys):
     check = ch06.check_find_induction_heads
 
-    def find(model):
+    def find(model, threshold=0.3):
         pm = S.prefix_matching_scores(model)
-        return [(l, h) for l, h in (pm > 0.3).nonzero().tolist()]
+        return [(l, h) for l, h in (pm > threshold).nonzero().tolist()]
 
-    def by_prev(model):
+    def by_prev(model, threshold=0.3):
         pt = S.previous_token_scores(model, losses.repeated_tokens(model, batch_size=4))
-        return [(l, h) for l, h in (pt > 0.3).nonzero().tolist()]
+        return [(l, h) for l, h in (pt > threshold).nonzero().tolist()]
 
     accepts(check, find, capsys)
     rejects(check, lambda m: [(1, 0), (1, 1), (1, 3)], capsys, "on attn-only-1l", "has one layer, layer 0")
@@ -251,31 +252,50 @@ def test_logit_attribution_sums_to_the_logits():
 
 
 # ---- chapter 8 and the hand-built models --------------------------------------------------------
+def _own(f):
+    """A copy of the package's function ``f``, as a learner would write it: the check withholds
+    ``f`` itself (its own answer), not the same code written again."""
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    return g
+
+
+def test_the_packages_own_answers_are_refused_by_name(capsys):
+    said = "the package's own answer"
+    rejects(ch08.check_previous_token_qk, hb.previous_token_qk, capsys, said)
+    rejects(ch08.check_copy_ov, lambda d, h, s, t: hb.copy_ov(d, h, s, t), capsys, said)
+    rejects(ch08.check_two_back_model, lambda lay: hb.two_back_model(lay), capsys, said)
+    rejects(ch08.check_induction_qk, lambda lay: hb.induction_qk(lay), capsys, said)
+
+
 def test_previous_token_qk(capsys):
     check = ch08.check_previous_token_qk
-    accepts(check, hb.previous_token_qk, capsys)
+    previous_token_qk = _own(hb.previous_token_qk)
+    accepts(check, previous_token_qk, capsys)
 
     def no_rotation(W_pos, n, d):
-        W_Q, W_K = hb.previous_token_qk(W_pos, n, d)
+        W_Q, W_K = previous_token_qk(W_pos, n, d)
         return W_K * 30, W_K
 
     rejects(check, no_rotation, capsys, "token itself")
-    rejects(check, lambda W_pos, n, d: hb.previous_token_qk(W_pos, n, d, sharpness=0.5), capsys, "too soft")
+    rejects(check, lambda W_pos, n, d: previous_token_qk(W_pos, n, d, sharpness=0.5), capsys, "too soft")
 
 
 def test_copy_ov(capsys):
     check = ch08.check_copy_ov
-    accepts(check, hb.copy_ov, capsys)
-    rejects(check, lambda d, h, s, t: hb.copy_ov(d, h, t, s), capsys, "copies dst into src")
-    rejects(check, lambda d, h, s, t: hb.copy_ov(d, h, s, t, scale=2.0), capsys, "2 times")
+    copy_ov = _own(hb.copy_ov)
+    accepts(check, copy_ov, capsys)
+    rejects(check, lambda d, h, s, t: copy_ov(d, h, t, s), capsys, "copies dst into src")
+    rejects(check, lambda d, h, s, t: copy_ov(d, h, s, t, scale=2.0), capsys, "2 times")
 
 
 def test_two_back_model(capsys):
     check = ch08.check_two_back_model
-    accepts(check, hb.two_back_model, capsys)
+    two_back_model = _own(hb.two_back_model)
+    accepts(check, two_back_model, capsys)
 
     def one_back(layout):
-        m = hb.two_back_model(layout)
+        m = two_back_model(layout)
         W_V, W_O = hb.copy_ov(layout.d_model, layout.d_head, layout.block("token"), layout.block("out"))
         hb.set_head(m, 1, W_V=W_V, W_O=W_O)
         return m
@@ -286,16 +306,17 @@ def test_two_back_model(capsys):
 
 def test_induction_qk(capsys):
     check = ch08.check_induction_qk
-    accepts(check, hb.induction_qk, capsys)
+    induction_qk = _own(hb.induction_qk)
+    accepts(check, induction_qk, capsys)
 
     def key_reads_token(layout):
-        W_Q, W_K = hb.induction_qk(layout)
+        W_Q, W_K = induction_qk(layout)
         W_K2 = torch.zeros_like(W_K)
         W_K2[layout.block("token")] = W_K[layout.block("prev")]
         return W_Q, W_K2
 
     rejects(check, key_reads_token, capsys, "W_K reads the token block")
-    rejects(check, lambda layout: hb.induction_qk(layout, sharpness=2.0), capsys, "too softly")
+    rejects(check, lambda layout: induction_qk(layout, sharpness=2.0), capsys, "too softly")
 
 
 def test_handbuilt_models_meet_their_targets():

@@ -184,7 +184,10 @@ def _generic_mismatch(got, expected, atol: float, rtol: float, dims: dict | None
                 item = f"{names[i]} (item {i})" if names and i < len(names) else f"item {i}"
                 return f"{item}: " + _generic_mismatch(g, e, atol, rtol, dims)
         return "the items differ"
-    if isinstance(expected, (int, float)):
+    if isinstance(expected, int):  # an index, a count or a truth value: no factor, no sign
+        g = got.item() if isinstance(got, Tensor) else got
+        return f"got {g}, expected {expected}"
+    if isinstance(expected, float):
         g = got.item() if isinstance(got, Tensor) else got
         if g == 0 and expected != 0:
             return f"got 0, expected {expected:.6g}"

@@ -94,9 +94,18 @@ def arg_names(fn: Callable | None, n: int, *fallbacks: list[str] | Callable | No
     return out
 
 
+def _hooks(model: torch.nn.Module) -> int:
+    """The forward hooks on ``model`` and its submodules (a state_dict does not show them)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
 def changed_inputs(given: tuple, kwargs_given: dict, case, names: list[str]) -> str | None:
     """The message when the learner's function changed an input in place, else None."""
     for name, a, b in [*zip(names, given, case.args), *((k, kwargs_given[k], v) for k, v in case.kwargs.items())]:
+        if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module) and _hooks(a) > _hooks(b):
+            return (f"your function leaves {_hooks(a) - _hooks(b)} hook(s) on `{name}`: every later run of the "
+                    "model goes through them. Remove each (handle.remove()), or pass them for one run only "
+                    "(run_with_hooks, or a `with model.hooks(...)` block)")
         try:
             same = _same(a, b)
         except Exception:

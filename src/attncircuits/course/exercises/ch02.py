@@ -72,6 +72,13 @@ def _pairs(tokens, d_vocab, gap=1, drop_last=False):
     return torch.bincount(a * d_vocab + b, minlength=d_vocab * d_vocab).view(d_vocab, d_vocab)
 
 
+def _wrapped(tokens, d_vocab):
+    """The counts with the pair (last token, first token) added: ``tokens.roll(-1)`` as the next token."""
+    if len(tokens) < 2:
+        return None
+    return _pairs(torch.cat([tokens, tokens[:1]]), d_vocab)
+
+
 @guarded
 def check_bigram_counts(bigram_counts) -> bool:
     """``bigram_counts(tokens, d_vocab)`` -> integer counts ``C[a, b]`` (``b`` right after ``a``)."""
@@ -84,6 +91,11 @@ def check_bigram_counts(bigram_counts) -> bool:
     mistakes = [
         Diagnosis("counted pairs two tokens apart; a bigram is two neighbours", lambda e, c: _pairs(*c.args, gap=2)),
         Diagnosis("the last pair is missing", lambda e, c: _pairs(*c.args, drop_last=True)),
+        Diagnosis("each pair is counted at most once: `C[a, b] += 1` with index tensors writes a repeated pair "
+                  "once, it does not add; use torch.bincount of a * d_vocab + b (or index_put_ with accumulate=True)",
+                  lambda e, c: e.clamp(max=1)),
+        Diagnosis("one pair too many: the last token is paired with the first (torch.roll wraps around); "
+                  "pair tokens[:-1] with tokens[1:]", lambda e, c: _wrapped(*c.args)),
     ]
     loop = Method(
         "a Python loop over the tokens (more than 2,000 torch calls for 20,000 tokens); count all pairs "

@@ -33,8 +33,17 @@ __all__ = ["check_skip_trigram_score", "check_top_skip_trigrams", "check_nonzero
 
 
 # ---- Exercise 4.1 --------------------------------------------------------------------------------
-def _score(model, head, source, dest, output, n_keys, centered=True, attention=True, swapped=False):
-    qk, ov = full_qk_circuit(model, 0, head), full_ov_circuit(model, 0, head)
+_LAST_LAYER = ("these are the weights of the model's last layer (model.blocks[-1]); head 0.head is in layer 0: "
+               "full_qk_circuit(model, 0, head) and full_ov_circuit(model, 0, head)")
+
+
+def _last_layer(model) -> int | None:
+    """The last layer when it is not layer 0 (else None: the mistake of reading it changes nothing)."""
+    return model.cfg.n_layers - 1 if model.cfg.n_layers > 1 else None
+
+
+def _score(model, head, source, dest, output, n_keys, centered=True, attention=True, swapped=False, layer=0):
+    qk, ov = full_qk_circuit(model, layer, head), full_ov_circuit(model, layer, head)
     if centered:
         qk, ov = qk.centered(-1), ov.centered(-1)
     q = qk.restrict([source], [dest]) if swapped else qk.restrict([dest], [source])
@@ -49,14 +58,15 @@ def _score(model, head, source, dest, output, n_keys, centered=True, attention=T
 def check_skip_trigram_score(skip_trigram_score) -> bool:
     """``skip_trigram_score(model, head, source, dest, output, n_keys)`` -> a float: the attention
     ``dest`` gives ``source`` among ``n_keys`` average keys times the centred OV entry."""
-    m1 = shipped("attn-only-1l").model
+    m1, m2 = shipped("attn-only-1l").model, shipped("attn-only-2l").model
     table = top_skip_trigrams(m1, 0, k=1, heads=[0, 2])
     words = frequent_tokens(shipped("attn-only-1l").tokenizer, 2)
     rnd = random_model(n_layers=1, seed=1)
     args = [(m1, 0, *table.triples(0)[0].tolist(), 64), (m1, 2, *table.triples(2)[0].tolist(), 64),
-            (m1, 1, *words[[0, 1, 0]].tolist(), 64), (rnd, 3, 5, 17, 40, 8)]
+            (m1, 1, *words[[0, 1, 0]].tolist(), 64), (rnd, 3, 5, 17, 40, 8), (m2, 1, *words[[0, 1, 0]].tolist(), 64)]
     labels = ["attn-only-1l head 0.0, its top triple", "attn-only-1l head 0.2, its top triple",
-              "attn-only-1l head 0.1, frequent words", "a random model"]
+              "attn-only-1l head 0.1, frequent words", "a random model",
+              "attn-only-2l head 0.1, frequent words (head 0.1 is layer 0's of two)"]
     cases = [Case(label, a, kind="random" if label == "a random model" else "shipped", others=other_heads(a, 1, 4))
              for label, a in zip(labels, args)]
     mistakes = [
@@ -73,16 +83,18 @@ def check_skip_trigram_score(skip_trigram_score) -> bool:
             "QK[source, dest] was read; its rows are destinations (queries): QK[dest, source]",
             lambda e, c: _score(*c.args, swapped=True),
         ),
+        Diagnosis(_LAST_LAYER, lambda e, c: None if _last_layer(c.args[0]) is None else _score(
+            *c.args, layer=_last_layer(c.args[0]))),
     ]
     return run_check(skip_trigram_score, cases, _score, mistakes, atol=1e-4, rtol=1e-3, returns=float,
                      n_generated=_draws.MODEL_CASES, generate=_triple)
 
 
 def _triple(draw: Draw) -> Case:
-    """A one-layer model, a head and a triple; edges: two keys (n_keys 2), source = dest = output,
-    the first and the last token ids, the last head, a thousand keys."""
+    """A model of one or two layers, a head of layer 0 and a triple; edges: two keys (n_keys 2),
+    source = dest = output, the first and the last token ids, the last head, a thousand keys."""
     edge = draw.edge(4)
-    m = _draws.model(draw, edge=edge, min_vocab=3)
+    m = _draws.model(draw, (1, 2), edge=edge, min_vocab=3)
     v = m.cfg.d_vocab
     s, d, o = ((1, 1, 1), (0, v - 1, v - 1), (v - 1, 0, 0), (2, 1, 0))[edge] if edge is not None else (
         draw.rng.randrange(v), draw.rng.randrange(v), draw.rng.randrange(v))
@@ -92,10 +104,10 @@ def _triple(draw: Draw) -> Case:
 
 
 # ---- Exercise 4.2 --------------------------------------------------------------------------------
-def _top(model, head, tokens, k, centered=True, center_subset=False, attention=True):
+def _top(model, head, tokens, k, centered=True, center_subset=False, attention=True, layer=0):
     """Top ``k`` triples by brute force over the subset: [k, 3] vocabulary ids, best first."""
     n_keys = max(2, model.cfg.n_ctx // 2)
-    qk, ov = full_qk_circuit(model, 0, head), full_ov_circuit(model, 0, head)
+    qk, ov = full_qk_circuit(model, layer, head), full_ov_circuit(model, layer, head)
     if centered and not center_subset:
         qk, ov = qk.centered(-1), ov.centered(-1)
     qk, ov = qk.restrict(tokens, tokens).dense(), ov.restrict(tokens, tokens).dense()
@@ -140,6 +152,9 @@ def _compare_triples(got, expected, case) -> str | None:
     ]:
         if got_set == {tuple(r) for r in _top(model, head, tokens, k, **kw).tolist()}:
             return message
+    last = _last_layer(model)
+    if last is not None and got_set == {tuple(r) for r in _top(model, head, tokens, k, layer=last).tolist()}:
+        return _LAST_LAYER
     for h in range(model.cfg.n_heads):
         if h != head and got_set == {tuple(r) for r in _top(model, h, tokens, k).tolist()}:
             return f"these are head 0.{h}'s top triples; the case asks for head 0.{head}"
@@ -151,13 +166,14 @@ def _compare_triples(got, expected, case) -> str | None:
 def check_top_skip_trigrams(top_skip_trigrams_of_head) -> bool:
     """``top_skip_trigrams_of_head(model, head, tokens, k)`` -> ``[k, 3]`` token ids (source,
     destination, output) of the ``k`` best triples among ``tokens``, best first."""
-    m1 = shipped("attn-only-1l").model
+    m1, m2 = shipped("attn-only-1l").model, shipped("attn-only-2l").model
     words = frequent_tokens(shipped("attn-only-1l").tokenizer, 40)
     rnd = random_model(n_layers=1, seed=2)
     cases = [
         Case("attn-only-1l head 0.0, 40 frequent words", (m1, 0, words, 10)),
         Case("attn-only-1l head 0.1, 40 frequent words", (m1, 1, words, 5)),
         Case("a random model, 20 tokens", (rnd, 2, torch.arange(3, 23), 6), kind="random"),
+        Case("attn-only-2l head 0.2 (layer 0's of two), 40 frequent words", (m2, 2, words, 5)),
     ]
     return run_check(
         top_skip_trigrams_of_head,
@@ -170,12 +186,13 @@ def check_top_skip_trigrams(top_skip_trigrams_of_head) -> bool:
 
 
 def _subset(draw: Draw):
-    """A one-layer model (n_ctx 4 or more), a head, distinct tokens and k <= n (the reference keeps
-    at most n); edges: one token (one triple), k = n, the last id first, k = 1. Drawn again until
-    the best k scores are positive and apart from the next (so "best first" has one answer)."""
+    """A model of one or two layers (n_ctx 4 or more), a head of layer 0, distinct tokens and k <= n
+    (the reference keeps at most n); edges: one token (one triple), k = n, the last id first, k = 1.
+    Drawn again until the best k scores are positive and apart from the next (so "best first" has
+    one answer)."""
     edge = draw.edge(4)
     while True:
-        m = _draws.model(draw, edge=edge, min_ctx=4, min_vocab=3)
+        m = _draws.model(draw, (1, 2), edge=edge, min_ctx=4, min_vocab=3)
         v = m.cfg.d_vocab
         n = (1, 3, min(v, 4), 2)[edge] if edge is not None else draw.int(1, min(v, 6))
         tokens = torch.randperm(v, generator=draw.gen)[:n]
@@ -303,8 +320,8 @@ def _hand_built_anti_copying():
     return flipped
 
 
-def _score_variant(model, head, centered=True, real=False):
-    ov = full_ov_circuit(model, 0, head)
+def _score_variant(model, head, centered=True, real=False, layer=0):
+    ov = full_ov_circuit(model, layer, head)
     ev = (ov.centered(-1) if centered else ov).eigenvalues()
     if real:
         return float(ev.real.sum() / ev.real.abs().sum())
@@ -315,13 +332,14 @@ def _score_variant(model, head, centered=True, real=False):
 def check_copying_score(copying_score) -> bool:
     """``copying_score(model, head)`` -> ``Σλ / Σ|λ|`` (a float) over the eigenvalues of head
     ``0.head``'s OV circuit, each row centred over the outputs."""
-    m1 = shipped("attn-only-1l").model
+    m1, m2 = shipped("attn-only-1l").model, shipped("attn-only-2l").model
     rnd, anti = random_model(n_layers=1, seed=4), _hand_built_anti_copying()
     cases = [
         Case("attn-only-1l head 0.0", (m1, 0), others=other_heads((m1, 0), 1, 4)),
         Case("attn-only-1l head 0.2", (m1, 2), others=other_heads((m1, 2), 1, 4)),
         Case("a random model", (rnd, 1), kind="random", others=other_heads((rnd, 1), 1, 4)),
         Case("head 0.0 with W_O negated", (anti, 0), kind="hand-built"),
+        Case("attn-only-2l head 0.1 (layer 0's of two)", (m2, 1), others=other_heads((m2, 1), 1, 4)),
     ]
     mistakes = [
         Diagnosis(
@@ -338,6 +356,8 @@ def check_copying_score(copying_score) -> bool:
             "the imaginary parts were dropped before |λ|; divide by the sum of the complex moduli",
             lambda e, c: _score_variant(*c.args, real=True),
         ),
+        Diagnosis(_LAST_LAYER.replace("full_qk_circuit(model, 0, head) and ", ""), lambda e, c: None
+                  if _last_layer(c.args[0]) is None else _score_variant(*c.args, layer=_last_layer(c.args[0]))),
     ]
     return run_check(
         copying_score,
@@ -353,9 +373,9 @@ def check_copying_score(copying_score) -> bool:
 
 
 def _model_head(draw: Draw) -> Case:
-    """A one-layer model (3 tokens or more) and a head; edges: one head of width 1 (one
-    eigenvalue), the last head."""
+    """A model of one or two layers (3 tokens or more) and a head of layer 0; edges: one head of
+    width 1 (one eigenvalue), the last head."""
     edge = draw.edge(4)
-    m = _draws.model(draw, edge=edge, min_vocab=3)
+    m = _draws.model(draw, (1, 2), edge=edge, min_vocab=3)
     args = (m, _draws.head(draw, m.cfg.n_heads, edge))
     return Case("", args, others=other_heads(args, 1, m.cfg.n_heads))

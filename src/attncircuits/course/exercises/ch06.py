@@ -9,7 +9,6 @@ chapter's later cells call them, never the learner's versions.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -23,11 +22,11 @@ from attncircuits.analysis.attribution import qk_score_terms
 from attncircuits.analysis.scores import induction_heads
 from attncircuits.checkpoints.pretrained import validation_windows
 from attncircuits.course.exercises import _draws
+from attncircuits.course.exercises import ch06_heads as heads
 from attncircuits.course.exercises._core import (
-    Case, Diagnosis, Draw, Identity, guarded, other_heads, random_model, run_check, shipped,
+    Case, Diagnosis, Identity, guarded, other_heads, random_model, run_check, shipped,
 )
 from attncircuits.models import handbuilt
-from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.transformer import Transformer
 
 __all__ = [
@@ -153,90 +152,29 @@ def check_prefix_matching_score(fn) -> bool:
 
 
 # ---- 6.3 find the induction heads of any model ----------------------------------------------------
-def _deeper(model: Transformer) -> Transformer:
-    """``model`` with an empty layer inserted after layer 0 (its heads write nothing and attend
-    uniformly): the same circuit, so its induction heads are the same heads, now in layer 2."""
-    cfg = ModelConfig(**{**model.cfg.to_dict(), "n_layers": model.cfg.n_layers + 1})
-    deep = Transformer(cfg).eval()
-    with torch.no_grad():
-        deep.W_E.copy_(model.W_E)
-        deep.W_U.copy_(model.W_U)
-        for name, _ in deep.blocks[1].named_parameters():
-            getattr(deep.blocks[1], name).zero_()
-        for new, old in ((0, 0), *((i + 1, i) for i in range(1, model.cfg.n_layers))):
-            deep.blocks[new].load_state_dict(model.blocks[old].state_dict())
-    return deep
-
-
-def _compare_heads(got, expected, case) -> str | None:
-    try:
-        got_list = sorted((int(l), int(h)) for l, h in got)
-    except (TypeError, ValueError):
-        return f"return a list of (layer, head) pairs, got {got!r}"
-    if got_list == sorted(expected):
-        return None
-    if got_list == sorted((h, l) for l, h in expected):
-        return f"you returned (head, layer) pairs {got_list}: each pair is (layer, head)"
-    if any(l > 1 for l, _ in expected) and all(l == 1 for l, _ in got_list):
-        return (f"you looked only at layer 1 ({got_list}); this model's induction heads are in layer 2: "
-                "score every layer's heads")
-    model = case.args[0]
-    cfg = model.cfg
-    if any(not (0 <= l < cfg.n_layers and 0 <= h < cfg.n_heads) for l, h in got_list):
-        layers = "one layer, layer 0" if cfg.n_layers == 1 else f"layers 0-{cfg.n_layers - 1}"
-        return (f"you returned {got_list}, but this model has {layers}, with heads 0-{cfg.n_heads - 1}: "
-                "score the heads of the model you are given")
-    pm = scores.prefix_matching_scores(model, batch_size=8)
-    extra = sorted(set(got_list) - set(expected))
-    missing = sorted(set(expected) - set(got_list))
-    if extra:
-        prev = scores.previous_token_scores(model, losses.repeated_tokens(model, 25, 4, batch_size=4))
-        if all(prev[l, h] > max(0.2, pm[l, h]) for l, h in extra):
-            return (f"you returned {got_list}: {', '.join(f'{l}.{h}' for l, h in extra)} attend to the previous "
-                    f"token (previous-token score {', '.join(f'{prev[l, h]:.2f}' for l, h in extra)}), so they "
-                    "are previous-token heads: find induction heads by prefix matching, not previous-token attention")
-
-    def listed(heads):
-        return ", ".join(f"{l}.{h} ({pm[l, h]:.2f})" for l, h in heads)
-
-    if extra and not missing:
-        return (f"you also returned heads whose prefix-matching score is below 0.3: {listed(extra)}; "
-                "keep only the heads above the threshold")
-    if missing and not extra:
-        return (f"you left out heads whose prefix-matching score is above 0.3: {listed(missing)}; "
-                "keep every head above the threshold")
-    return (f"expected {sorted(expected)}, got {got_list} (the heads whose prefix-matching score is above 0.3; "
-            f"yours score {listed(got_list) or 'nothing'})")
-
-
 @guarded
 def check_find_induction_heads(fn) -> bool:
-    """``find_induction_heads(model) -> list[(layer, head)]``, on five models, one of them with its
-    induction heads in layer 2 (so that looking only at layer 1 does not pass)."""
+    """``find_induction_heads(model, threshold=0.3) -> list[(layer, head)]``, on five models, one of
+    them with its induction heads in layer 2 (so that looking only at layer 1 does not pass) and one
+    with them before its last layer (so that looking only at the last does not), then with other
+    thresholds passed: 0.95, above every head of attn-only-2l (so that a fixed 0.3 does not pass),
+    and 0.01, which layer-0 heads of attn-only-1l pass (so that leaving out layer 0 does not)."""
+    m2 = shipped("attn-only-2l").model
     cases = [
-        Case("attn-only-2l", (shipped("attn-only-2l").model,)),
+        Case("attn-only-2l", (m2,)),
         Case("attn-only-1l", (shipped("attn-only-1l").model,)),
         Case("a hand-built induction model", (handbuilt.induction_model(),), kind="hand-built"),
         Case("a random 2-layer model", (_two_layer(),), kind="random"),
         Case("attn-only-2l with an empty layer inserted (its induction heads in layer 2)",
-             (_deeper(shipped("attn-only-2l").model),), kind="hand-built"),
+             (heads.with_empty_layer(m2, 1),), kind="hand-built"),
+        Case("attn-only-2l with an empty layer appended (its induction heads in layer 1 of 3)",
+             (heads.with_empty_layer(m2, m2.cfg.n_layers),), kind="hand-built"),
+        # prefix-matching scores: attn-only-2l's best is 0.91, attn-only-1l's layer-0 heads 0.0002-0.04
+        Case("attn-only-2l, threshold 0.95", (m2, 0.95)),
+        Case("attn-only-1l, threshold 0.01", (shipped("attn-only-1l").model, 0.01)),
     ]
-    return run_check(fn, cases, induction_heads, compare=_compare_heads, name="find_induction_heads",
-                     n_generated=2, generate=_more_models)
-
-
-@functools.lru_cache(maxsize=None)
-def _smaller_induction(deeper: bool) -> Transformer:
-    model = handbuilt.induction_model(handbuilt.Layout(d_vocab=64, n_pos_pairs=12))
-    return _deeper(model) if deeper else model
-
-
-def _more_models(draw: Draw):
-    """A smaller hand-built induction model with an empty layer 1 (its induction head in layer 2);
-    a random three-layer model of one head per layer."""
-    if draw.i == 0:
-        return Case("a 64-token hand-built induction model, its induction head in layer 2", (_smaller_induction(True),))
-    return (random_model(n_layers=3, seed=draw.i, n_heads=1, d_head=8, d_model=16, d_vocab=64, n_ctx=128),)
+    return run_check(fn, cases, induction_heads, compare=heads.compare_heads, name="find_induction_heads",
+                     n_generated=2, generate=heads.more_models, withheld=[induction_heads])
 
 
 # ---- 6.4 zero and mean ablation -------------------------------------------------------------------
@@ -309,6 +247,27 @@ def _causal(x: Tensor) -> Tensor:
     return x[..., torch.ones(n, n, dtype=torch.bool).tril()]
 
 
+def _any_layer(got, case, key: str, right: int) -> bool:
+    """Whether ``got`` is qk_score_terms with ``key`` (the reading layer or the sources' layer) any
+    layer but the ``right`` one, on the causal part."""
+    return any(torch.allclose(_causal(got), _causal(_terms_variant(*case.args, **{key: layer})), atol=1e-3, rtol=1e-3)
+               for layer in range(case.args[0].cfg.n_layers) if layer != right)
+
+
+def _terms_variant(model, tokens, head, layer=1, src_layer=0, pos_first=False):
+    """qk_score_terms with the usual slips: the reading head's weights from ``layer``, the heads'
+    outputs from ``src_layer``, positions before the embedding (``pos_first``)."""
+    _, cache = model.run_with_cache(tokens)
+    n = tokens.shape[1]
+    emb, pos = model.W_E[tokens], model.W_pos[:n].expand(tokens.shape[0], -1, -1)
+    parts = [pos, emb] if pos_first else [emb, pos]
+    parts += [cache.head_out[src_layer][:, :, a] for a in range(model.cfg.n_heads)]
+    src = torch.stack(parts)
+    blk = model.blocks[layer]
+    q, k = src @ blk.W_Q[head], src @ blk.W_K[head]
+    return einsum(q, k, "s b q d, t b k d -> s t b q k") / math.sqrt(model.cfg.d_head)
+
+
 @guarded
 def check_qk_score_terms(fn) -> bool:
     """``qk_score_terms(model, tokens, head) -> Tensor [q_source, k_source, batch, q, k]`` with the
@@ -330,13 +289,23 @@ def check_qk_score_terms(fn) -> bool:
                       lambda e, c: e.transpose(0, 1)),
             Diagnosis("divide each term by sqrt(d_head), as the model does",
                       lambda e, c: e * math.sqrt(c.args[0].cfg.d_head)),
+            Diagnosis("divided by sqrt(d_model); the model divides by sqrt(d_head), the width of one head's queries",
+                      lambda e, c: e * math.sqrt(c.args[0].cfg.d_head / c.args[0].cfg.d_model)
+                      if c.args[0].cfg.d_model != c.args[0].cfg.d_head else None),
+            Diagnosis("these are another layer's W_Q and W_K (model.blocks[0] or model.blocks[-1]?); the head is "
+                      "layer 1's: model.blocks[1], whatever the model's depth",
+                      applies=lambda g, e, c: _any_layer(g, c, "layer", 1)),
+            Diagnosis("the head sources are another layer's outputs: what reaches layer 1 is written by layer 0, "
+                      "cache.head_out[0], whatever the model's depth", applies=lambda g, e, c: _any_layer(g, c, "src_layer", 0)),
+            Diagnosis("the sources are in the wrong order: embedding first, then positions, then heads 0.0, 0.1, ...",
+                      lambda e, c: _terms_variant(*c.args, pos_first=True)),
         ],
         name="qk_score_terms",
         canonical=_causal,
         atol=1e-3,
         rtol=1e-3,
         n_generated=8,
-        generate=lambda draw: _draws.head_case(draw, 2, "head 1.{}"),
+        generate=lambda draw: _draws.head_case(draw, (2, 3), "head 1.{}"),  # a third layer: blocks[1], not [-1]
     )
 
 
@@ -358,6 +327,11 @@ def check_copying_accuracy(fn) -> bool:
         m, heads = c.args
         return ov_copying_accuracy(m, heads[:1]) if len(heads) > 1 else None
 
+    def core_only(e, c):
+        m, heads = c.args
+        core = sum(m.blocks[l].W_V[h] @ m.blocks[l].W_O[h] for l, h in heads)
+        return float((core.argmax(-1) == torch.arange(core.shape[0])).float().mean())
+
     def by_column(e, c):
         m, heads = c.args
         full = m.W_E @ sum(m.blocks[l].W_V[h] @ m.blocks[l].W_O[h] for l, h in heads) @ m.W_U
@@ -374,6 +348,10 @@ def check_copying_accuracy(fn) -> bool:
                       first_only),
             Diagnosis("you took the argmax down each column: a row is one source token, take the argmax along it",
                       by_column),
+            Diagnosis("that is a count of tokens; return the fraction: divide by d_vocab",
+                      lambda e, c: e * c.args[0].cfg.d_vocab),
+            Diagnosis("you scored W_V W_O alone (d_model x d_model); the full OV circuit is W_E (Σ W_V W_O) W_U, "
+                      "its rows the source tokens", core_only),
         ],
         name="copying_accuracy",
         atol=1e-6,

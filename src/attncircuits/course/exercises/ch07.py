@@ -174,6 +174,19 @@ def check_smear_scores(fn) -> bool:
         ww = w[None, :, None, None]
         return (ww * z + (1 - ww) * nxt).masked_fill(masked, float("-inf"))
 
+    def first_key(fill):
+        def wrong(e, c):
+            s, w = c.args
+            masked = torch.isinf(s)
+            z = s.masked_fill(masked, 0.0)
+            first = torch.zeros_like(z[..., :1]) if fill == "zero" else z[..., -1:]
+            ww = w[None, :, None, None]
+            return (ww * z + (1 - ww) * torch.cat([first, z[..., :-1]], -1)).masked_fill(masked, float("-inf"))
+
+        return wrong
+
+    first_key_message = ("key 0 has no previous key: its S[q, -1] is S[q, 0], its own score, not {} (so key 0 keeps "
+                         "its score)")
     return run_check(
         fn,
         cases,
@@ -181,6 +194,8 @@ def check_smear_scores(fn) -> bool:
         [
             Diagnosis("the weights are swapped: σ(α) goes with the key's own score, 1 - σ(α) with the previous key's",
                       swapped),
+            Diagnosis(first_key_message.format("0"), first_key("zero")),
+            Diagnosis(first_key_message.format("the last key's (torch.roll wraps around)"), first_key("roll")),
             Diagnosis("you mixed in the *next* key (j + 1); the smeared key mixes in key j - 1", next_key),
             Diagnosis("the scores are not smeared (returned unchanged): mix each key's score with the previous key's",
                       lambda e, c: c.args[0]),

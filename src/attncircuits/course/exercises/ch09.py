@@ -15,7 +15,10 @@ from attncircuits.analysis import losses
 from attncircuits.analysis.circuits.copying import eigen_copying_score
 from attncircuits.analysis.circuits.factored import full_ov_circuit
 from attncircuits.course.exercises import _draws
-from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, random_model, run_check, shipped
+from attncircuits.course.exercises._core import (
+    Case, Diagnosis, Draw, Identity, guarded, random_model, report, run_check, shipped,
+)
+from attncircuits.course.exercises._run import probe
 from attncircuits.models.interop import (
     from_transformer_lens,
     induction_stripe_scores,
@@ -65,6 +68,9 @@ def check_induction_stripe_scores(fn) -> bool:
                 "further, at the token after it (offset 1 - L)",
                 off_by_one,
             ),
+            Diagnosis("the queries are off by one: you took L .. 2L - 1; the second copy's queries are L + 1 .. 2L "
+                      "(entries 2 .. L + 1 of the diagonal at offset 1 - L)",
+                      lambda e, c: c.args[0].diagonal(1 - c.args[1], -2, -1)[..., 1: 1 + c.args[1]].mean((0, 2))),
         ],
         atol=1e-6,
         rtol=1e-5,
@@ -138,12 +144,31 @@ def _hooked_case(draw: Draw) -> Case:
                                           if (l, h) != (layer, head)])
 
 
+def _hooks_left(fn) -> bool:
+    """Whether the learner's function leaves a hook on the model it is given (``add_hook`` without
+    ``reset_hooks``, or a ``hooks()`` context entered and never left): the values it returns may be
+    right, but every later run of the caller's model is then ablated too. The in-place check
+    compares a model's weights, not its hooks."""
+    tl = _small_tl(2, 2, 4, 0)
+    got = probe(lambda m, t, l, h: (fn(m, t, l, h), m), Case("a hooks probe", (tl, torch.tensor([[1, 2, 3, 4]]), 1, 1)),
+                time_limit=10)
+    try:
+        return any(len(mod._forward_hooks) or len(mod._forward_pre_hooks) for mod in got[1].modules())
+    except Exception:  # no output: the check's cases say what is wrong
+        return False
+
+
 @guarded
 def check_zero_ablated_loss(fn) -> bool:
     """Exercise 9.2: ``fn(tl_model, tokens, layer, head) -> [batch, pos - 1]``, the loss of each next
     token with a hook that zeroes head ``layer.head``'s ``z``, wired by the learner with
     ``run_with_hooks``. A hook that edits ``z`` in place and returns nothing is as right as one that
     returns it (TransformerLens keeps the edited tensor either way)."""
+    if _hooks_left(fn):
+        return report(getattr(fn, "__name__", "zero_ablated_loss"), False, (
+            "your function leaves its hook on the model it was given (add_hook without reset_hooks?): every later "
+            "run of tl_model is ablated too. Pass the hook to tl_model.run_with_hooks(tokens, fwd_hooks=[...]), "
+            "which removes it when the run ends"))
     tl2, rnd = _tl("shipped"), _tl("random")
     rep = losses.repeated_tokens(shipped("attn-only-2l").model, 20, batch_size=2)
     pairs = [(l, h) for l in range(2) for h in range(4)]
