@@ -181,7 +181,8 @@ def _learner_banner(solved_url: str | None) -> str:
     return (
         "**This is the exercises version of the chapter.** Each exercise has a function whose body is\n"
         "`raise NotImplementedError(...)`: replace that line with your code and run the check cell\n"
-        "under it, which says in one line whether your function is right and, if not, what is wrong.\n"
+        "under it, which says in a line or two whether your function is right and, if not, what is\n"
+        "wrong.\n"
         "Every other cell runs as in the book (it uses the package's own functions, so a skipped\n"
         f"exercise breaks nothing). Stuck? The hints sit between each task and its stub; {solved} has the\n"
         "solutions."
