@@ -201,7 +201,7 @@ def test_missing_or_wrong_transformer_lens_says_what_to_install(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    with pytest.raises(ImportError, match=r"pip install -e \.\[tl\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[tl\]'"):
         to_transformer_lens(random_model(1))
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.1.0")
     with pytest.raises(ImportError, match=r"needs 3\.x.*TransformerBridge.*transformer-lens>=3\.9,<4"):
