@@ -995,6 +995,15 @@ def _rows_without_bos(model, task):
     return table
 
 
+def _grammar_by_running(model, task):
+    """The model's own answers on one short row per (cue, trigger) pair: BOS, the trigger, the cue."""
+    answers = torch.tensor(task.answer_tokens)
+    rows = torch.tensor([[0, t, c] for c in task.cues for t in task.triggers])
+    with torch.no_grad():
+        logits = model(rows)[:, -1, answers]
+    return answers[logits.argmax(-1)].reshape(len(task.cues), len(task.triggers))
+
+
 C = "ch12.check_grammar_2"
 wrong(C, "the task's own table", lambda model, task: task.table(), "the task's own table", "named")
 wrong(C, "indices into the answers", _grammar_rows(lambda g, m, t: g - t.answer_tokens[0]),
@@ -1006,8 +1015,10 @@ wrong(C, "transposed", _grammar_rows(lambda g, m, t: g.T), "transposed")
 wrong(C, "the cues swapped", _grammar_rows(lambda g, m, t: g.flip(0)), "entries differ")
 wrong(C, "the triggers in reverse", _grammar_rows(lambda g, m, t: g.flip(1)), "entries differ")
 wrong(C, "token 0 everywhere", lambda model, task: torch.zeros(2, 6, dtype=torch.long), "all zeros")
-right(C, "the model's answers on the task's rows", lambda model, task: model_grammar(model, task))
+wrong(C, "the package's model_grammar", lambda model, task: model_grammar(model, task), "the package's own answer",
+      "named")
 right(C, "the sum of paths on BOS, trigger, cue", _grammar_rows(lambda g, m, t: g))
+right(C, "the model run on rows BOS, trigger, cue", _grammar_by_running)
 wrong(C, "a list of lists", _grammar_rows(lambda g, m, t: g.tolist()), "should be a torch.Tensor", "rejected")
 wrong(C, "the answers as floats", _grammar_rows(lambda g, m, t: g.float()), "dtype torch.float32")
 wrong(C, "the answers as int32 ids", _grammar_rows(lambda g, m, t: g.int()), "dtype torch.int32")
@@ -1090,8 +1101,9 @@ wrong(C, "one share for the whole layer", _paths(lambda d, v, m, t: (d.mean().ex
       "mystery-3, 62 tokens")
 wrong(C, "counts, not shares", _paths(lambda d, v, m, t: (d * len(t), v * len(t))), "the answer times 62")
 right(C, "the solution", _sol("answer_paths"))
-right(C, "the package's answer_paths", lambda model, tokens: __import__(
-    "attncircuits.analysis.circuit_check", fromlist=["answer_paths"]).answer_paths(model, tokens))
+wrong(C, "the package's answer_paths", lambda model, tokens: __import__(
+    "attncircuits.analysis.circuit_check", fromlist=["answer_paths"]).answer_paths(model, tokens),
+      "the package's own answer", "named")
 right(C, "one head and one token at a time", _paths_by_loop)
 right(C, "lists of floats in a tuple", _paths(lambda d, v, m, t: (d, v)))
 

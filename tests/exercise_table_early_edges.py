@@ -229,6 +229,10 @@ def _package_answers(wrong) -> None:
     wrong("ch01.check_model_logits", "the model's own forward pass", lambda m, t: m(t), said, "named")
     wrong("ch01.check_model_logits", "forward_checked", lambda m, t: m.forward_checked(t), said, "named")
     wrong("ch01.check_next_token_loss", "the package's loss_fn", lambda lg, t: loss_fn(lg, t), said, "named")
+    # passed as the answer itself, a decorated function (torch.no_grad) among them
+    wrong("ch06.check_qk_score_terms", "qk_score_terms passed as the answer",
+          __import__("attncircuits.analysis.attribution", fromlist=["x"]).qk_score_terms, said, "named")
+    wrong("ch01.check_next_token_loss", "loss_fn passed as the answer", loss_fn, said, "named")
     wrong("ch05.check_k_composition_score", "composition_score",
           lambda m, w, r: circuits.composition_score(m, "k", (0, w), (1, r)), said, "named")
     wrong("ch05.check_random_composition_scores", "random_composition_scores",
@@ -244,3 +248,115 @@ def _package_answers(wrong) -> None:
           "named")
     wrong("ch08.check_induction_qk", "the package's induction_qk", lambda layout: hb.induction_qk(layout), said,
           "named")
+    _package_answers_2_to_7(wrong, said)
+    _package_answers_9_to_12(wrong, said)
+
+
+def _package_answers_2_to_7(wrong, said) -> None:
+    from attncircuits.analysis import circuits, losses
+    from attncircuits.analysis import scores as S
+    from attncircuits.analysis.attribution import logit_attribution, qk_score_terms
+    from attncircuits.course.exercises._core import random_model
+    from attncircuits.models import smeared
+
+    wrong("ch02.check_bigram_table", "bigram_log_probs", lambda m: circuits.bigram_log_probs(m, direct_path=True), said,
+          "named")
+    wrong("ch02.check_bigram_counts", "the package's count_bigrams", circuits.count_bigrams, said, "named")
+    wrong("ch02.check_bigram_kl", "compare_bigram_tables' KL", lambda lp, c: circuits.compare_bigram_tables(lp, c).kl,
+          said, "named")
+    wrong("ch02.check_bigram_correlation", "compare_bigram_tables' Pearson",
+          lambda lp, c: circuits.compare_bigram_tables(lp, c).pearson, said, "named")
+    wrong("ch03.check_direct_path_logits", "path_expansion's direct term",
+          lambda m, t: circuits.path_expansion(m, t).direct, said, "named")
+    wrong("ch03.check_head_logit_term", "path_expansion's head term",
+          lambda m, t, h: circuits.path_expansion(m, t).heads[:, :, h], said, "named")
+    wrong("ch03.check_logits_from_paths", "path_expansion's total", lambda m, t: circuits.path_expansion(m, t).total,
+          said, "named")
+    wrong("ch03.check_ov_circuit_factors", "full_ov_circuit's factors",
+          lambda m, h: (lambda ov: (ov.A, ov.B))(circuits.full_ov_circuit(m, 0, h)), said, "named")
+    wrong("ch03.check_qk_circuit_factors", "full_qk_circuit's factors",
+          lambda m, h: (lambda qk: (qk.A, qk.B))(circuits.full_qk_circuit(m, 0, h)), said, "named")
+    wrong("ch03.check_qk_circuit_factors", "qk_circuit_parts' token-token part",
+          lambda m, h: (lambda qk: (qk.A, qk.B))(circuits.qk_circuit_parts(m, 0, h).token_token), said, "named")
+    wrong("ch04.check_top_skip_trigrams", "top_skip_trigrams",
+          lambda m, h, t, k: circuits.top_skip_trigrams(m, 0, k, heads=[h], tokens=t).triples(h), said, "named")
+    wrong("ch04.check_nonzero_eigenvalues", "FactoredMatrix.eigenvalues",
+          lambda A, B: circuits.FactoredMatrix(A, B).eigenvalues(), said, "named")
+    wrong("ch04.check_copying_score", "copying_summary",
+          lambda m, h: float(circuits.copying_summary(m, 0, n_shuffles=0).eigen_score[h]), said, "named")
+    wrong("ch06.check_previous_token_score", "previous_token_scores on a model of its own", lambda p: (
+        S.previous_token_scores(random_model(n_layers=1, seed=0, n_ctx=p.shape[-1]),
+                                torch.zeros(1, p.shape[-1], dtype=torch.long))[0]), said, "named")
+    wrong("ch06.check_prefix_matching_score", "prefix_matching_scores on a model of its own", lambda p, t, L: (
+        S.prefix_matching_scores(random_model(n_layers=1, seed=0, n_ctx=t.shape[1]), seq_len=L,
+                                 n_repeats=(t.shape[1] - 1) // L)[0]), said, "named")
+    wrong("ch06.check_ablated_loss", "losses.ablated_loss", lambda m, t, h, mode: losses.ablated_loss(m, t, h, "zero"),
+          said, "named")
+    wrong("ch06.check_qk_score_terms", "the package's qk_score_terms", lambda m, t, h: qk_score_terms(m, t, h), said,
+          "named")
+    wrong("ch06.check_copying_accuracy", "ov_copying_accuracy", lambda m, hs: circuits.ov_copying_accuracy(m, hs), said,
+          "named")
+    wrong("ch07.check_icl_score", "icl_scores_per_row", lambda n, late, early: float(
+        losses.icl_scores_per_row(n, n.shape[1] + 1, late, early).mean()), said, "named")
+    wrong("ch07.check_icl_score", "icl_score_from_loss", lambda n, late, early: losses.icl_score_from_loss(
+        n.mean(0), n.shape[1] + 1, late, early), said, "named")
+    wrong("ch07.check_copy_losses", "RepeatedLossCurve.copy_means", lambda loss, L, n: losses.RepeatedLossCurve(
+        loss, L, n).copy_means(), said, "named")
+    wrong("ch07.check_smear_scores", "the package's smear_scores", smeared.smear_scores, said, "named")
+    wrong("ch07.check_logit_attribution", "the package's logit_attribution", lambda m, t: logit_attribution(m, t), said,
+          "named")
+
+
+def _package_answers_9_to_12(wrong, said) -> None:
+    import functools
+
+    import numpy as np
+
+    from attncircuits.analysis import circuit_check as cc
+    from attncircuits.analysis import deeper, phase
+    from attncircuits.analysis.circuits import copying_summary
+    from attncircuits.course import grader
+    from attncircuits.course.exercises import ch11
+    from attncircuits.models import interop
+
+    wrong("ch09.check_induction_stripe_scores", "the package's induction_stripe_scores", interop.induction_stripe_scores,
+          said, "named")
+    wrong("ch09.check_zero_ablated_loss", "the package's zero_head_hook", lambda tl, t, l, h: tl.run_with_hooks(
+        t, return_type="loss", loss_per_token=True,
+        fwd_hooks=[(f"blocks.{l}.attn.hook_z", functools.partial(interop.zero_head_hook, head=h))]), said, "named")
+    wrong("ch09.check_ov_copying_scores", "the package's ov_copying_scores", interop.ov_copying_scores, said, "named")
+    wrong("ch09.check_ov_copying_scores", "copying_summary of each layer", lambda tl: (lambda m: torch.stack([
+        copying_summary(m, l, n_shuffles=0).eigen_score for l in range(m.cfg.n_layers)]))(
+        interop.from_transformer_lens(tl)), said, "named")
+    wrong("ch10.check_fold_ln_into", "the package's fold_ln_into", deeper.fold_ln_into, said, "named")
+    wrong("ch10.check_fold_ln_into", "TransformerLens's ProcessWeights", _tl_fold, said, "named")
+    wrong("ch10.check_frozen_ln", "the package's frozen_ln", lambda comps, resid: deeper.frozen_ln(comps, resid), said,
+          "named")
+    wrong("ch10.check_loss_bump", "the package's loss_bump", deeper.loss_bump, said, "named")
+    wrong("ch11.check_rise_window", "phase.rise", lambda s, v, lo=0.2, hi=0.8: (lambda r: (r.start_step, r.end_step))(
+        phase.rise(s, v, lo, hi)), said, "named")
+    wrong("ch11.check_rise_window", "the check's own rise_window", ch11.rise_window, said, "named")
+    wrong("ch11.check_best_induction_head", "phase.phase_change's head", lambda pm: phase.phase_change(
+        {"step": list(range(len(pm))), "prefix_matching": pm}, threshold=float("inf")).head, said, "named")
+    wrong("ch11.check_loss_pca_2d", "phase.loss_pca", lambda x: torch.from_numpy(phase.loss_pca(
+        {"all": np.asarray(x, dtype=np.float64)}).coords["all"]), said, "named")
+    wrong("ch12.check_copy_attention", "the package's copy_attention", cc.copy_attention, said, "named")
+    wrong("ch12.check_circuit_shares", "the package's circuit_shares", cc.circuit_shares, said, "named")
+    wrong("ch12.check_grammar_2", "model_grammar", lambda model, task: cc.model_grammar(model, task), said, "named")
+    wrong("ch12.check_answer_paths", "the package's answer_paths", lambda model, tokens: cc.answer_paths(model, tokens),
+          said, "named")
+    for name, find in (("mystery-2", "derive_circuit"), ("mystery-3", "measure_ground_truth")):
+        def found(name=name, find=find):  # the package's function looked up when called, as a learner's would be
+            g = grader.grader_for(name)
+            circuit = getattr(cc, find)(g.model, g.task)
+            return {"model": name, "heads": circuit["heads"], "compositions": circuit["compositions"]}
+
+        wrong(f"ch12.check_mystery_{name[-1]}", f"{find} of {name}", found, said, "named")
+
+
+def _tl_fold(w_ln, b_ln, W, b):
+    """exercise 10.1 from TransformerLens's own LayerNorm fold, then centred."""
+    from transformer_lens.weight_processing import ProcessWeights
+
+    W_f = ProcessWeights.fold_layer_norm_weight_single(W, w_ln)
+    return W_f - W_f.mean(-2, keepdim=True), ProcessWeights.fold_layer_norm_bias_single(W, b, b_ln)

@@ -3,6 +3,7 @@ ones; the hand-built reference models meet the targets chapter 8 states."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
 
@@ -13,8 +14,9 @@ from einops import einsum
 from attncircuits import loss_fn
 from attncircuits.analysis import losses
 from attncircuits.analysis import scores as S
-from attncircuits.analysis.circuits.copying import ov_copying_accuracy
-from attncircuits.analysis.attribution import attribution_labels, logit_attribution, qk_score_terms, two_back_accuracy
+from attncircuits.analysis import attribution
+from attncircuits.analysis.circuits import copying
+from attncircuits.analysis.attribution import attribution_labels, two_back_accuracy
 from attncircuits.course.exercises import ch05, ch06, ch07, ch08
 from attncircuits.models import handbuilt as hb
 from attncircuits.models import smeared
@@ -37,6 +39,16 @@ def rejects(check, fn, capsys, *phrases):
     assert not ok and out.startswith("✗"), out
     for p in phrases:
         assert p in out, (p, out)
+
+
+def _own(f):
+    """A copy of the package's function ``f``, as a learner would write it: the check withholds
+    ``f`` itself (its own answer), not the same code written again (a decorated ``f``: its own code,
+    unwrapped)."""
+    f = inspect.unwrap(f)
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    return g
 
 
 # ---- chapter 5 ----------------------------------------------------------------------------------
@@ -173,6 +185,7 @@ def test_ablated_loss(capsys):
 
 def test_qk_score_terms(capsys):
     check = ch06.check_qk_score_terms
+    qk_score_terms = _own(attribution.qk_score_terms)
     accepts(check, qk_score_terms, capsys)
     rejects(check, lambda *a: qk_score_terms(*a).transpose(0, 1), capsys, "swapped")
     rejects(check, lambda m, t, h: qk_score_terms(m, t, h) * math.sqrt(m.cfg.d_head), capsys, "sqrt(d_head)")
@@ -185,6 +198,7 @@ def test_qk_score_terms(capsys):
 
 def test_copying_accuracy(capsys):
     check = ch06.check_copying_accuracy
+    ov_copying_accuracy = _own(copying.ov_copying_accuracy)
     accepts(check, ov_copying_accuracy, capsys)
     rejects(check, lambda m, hs: sum(ov_copying_accuracy(m, [h]) for h in hs) / len(hs), capsys, "averaged")
 
@@ -215,8 +229,9 @@ def test_copy_losses(capsys):
 
 def test_smear_scores(capsys):
     check = ch07.check_smear_scores
-    accepts(check, smeared.smear_scores, capsys)
-    rejects(check, lambda s, w: smeared.smear_scores(s, 1 - w), capsys, "swapped")
+    smear_scores = _own(smeared.smear_scores)
+    accepts(check, smear_scores, capsys)
+    rejects(check, lambda s, w: smear_scores(s, 1 - w), capsys, "swapped")
 
     def next_key(s, w):
         masked = torch.isinf(s)
@@ -230,6 +245,7 @@ def test_smear_scores(capsys):
 
 def test_logit_attribution(capsys):
     check = ch07.check_logit_attribution
+    logit_attribution = _own(attribution.logit_attribution)
     accepts(check, logit_attribution, capsys)
     rejects(check, lambda m, t: logit_attribution(m, t)[..., 1:], capsys, "shape")
 
@@ -244,7 +260,7 @@ def test_logit_attribution(capsys):
 def test_logit_attribution_sums_to_the_logits():
     m = ch07.shipped("attn-only-2l").model
     toks = losses.repeated_tokens(m, 20, batch_size=2)
-    parts = logit_attribution(m, toks)
+    parts = attribution.logit_attribution(m, toks)
     with torch.no_grad():
         logit = m(toks)[:, :-1].gather(-1, toks[:, 1:, None])[..., 0]
     assert parts.shape[-1] == len(attribution_labels(m)) == 9
@@ -252,14 +268,6 @@ def test_logit_attribution_sums_to_the_logits():
 
 
 # ---- chapter 8 and the hand-built models --------------------------------------------------------
-def _own(f):
-    """A copy of the package's function ``f``, as a learner would write it: the check withholds
-    ``f`` itself (its own answer), not the same code written again."""
-    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    g.__kwdefaults__ = f.__kwdefaults__
-    return g
-
-
 def test_the_packages_own_answers_are_refused_by_name(capsys):
     said = "the package's own answer"
     rejects(ch08.check_previous_token_qk, hb.previous_token_qk, capsys, said)

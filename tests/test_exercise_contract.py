@@ -9,6 +9,7 @@ import importlib
 import io
 import pkgutil
 import time
+import types
 
 import pytest
 import torch
@@ -60,7 +61,9 @@ def test_every_identity_holds_on_every_case(capsys):
 def test_generated_cases_are_the_same_every_time(capsys):
     from attncircuits.course.exercises import ch10
 
-    wrong = lambda v: 0.0 if len(v) == 3 else ch10.loss_bump(v)  # noqa: E731
+    # loss_bump written again: the check withholds the package's own
+    bump = types.FunctionType(ch10.loss_bump.__code__, ch10.loss_bump.__globals__)
+    wrong = lambda v: 0.0 if len(v) == 3 else bump(v)  # noqa: E731
     outs = []
     for _ in range(2):
         ch10.check_loss_bump(wrong)

@@ -43,8 +43,8 @@ def withhold(answers, fn: Callable):
     for answer in answers:  # the package's function passed as the learner's (``copy_ov = hb.copy_ov``)
         label, target = (f"{answer[0].__name__}.{answer[1]}", vars(answer[0])[answer[1]]) if isinstance(answer, tuple) \
             else (answer.__name__, answer)
-        if getattr(own, "__func__", own) is target:
-            raise Withheld(label)
+        if any(x is target or x is inspect.unwrap(target) for x in (fn, own, getattr(own, "__func__", own))):
+            raise Withheld(label)  # a decorated answer (torch.no_grad) unwraps to its inner function
     swaps = []
     learner_globals = getattr(own, "__globals__", {})
     for answer in answers:

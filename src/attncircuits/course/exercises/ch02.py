@@ -3,7 +3,9 @@ the corpus, and two ways to compare them weighted by how often each bigram occur
 
 The references are in :mod:`attncircuits.analysis.circuits.bigrams`: ``bigram_log_probs``, ``count_bigrams``,
 ``cross_entropy - conditional_entropy`` (the KL that ``compare_bigram_tables`` reports) and
-``weighted_pearson`` on the observed bigrams (its Pearson).
+``weighted_pearson`` on the observed bigrams (its Pearson). While the learner's function runs,
+``bigram_log_probs``, ``count_bigrams`` and ``compare_bigram_tables`` (the package's own answers)
+are withheld.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from attncircuits.analysis.circuits.bigrams import (
     bigram_log_probs,
+    compare_bigram_tables,
     conditional_entropy,
     count_bigrams,
     cross_entropy,
@@ -61,7 +64,8 @@ def check_bigram_table(bigram_table) -> bool:
         ),
     ]
     return run_check(bigram_table, cases, lambda m: bigram_log_probs(m, direct_path=True), mistakes, atol=1e-4,
-                     n_generated=_draws.MODEL_CASES, generate=lambda draw: (_draws.model(draw, (0, 2), edge=draw.edge(4)),))
+                     n_generated=_draws.MODEL_CASES, generate=lambda draw: (_draws.model(draw, (0, 2), edge=draw.edge(4)),),
+                     withheld=[bigram_log_probs])
 
 
 # ---- Exercise 2.2 --------------------------------------------------------------------------------
@@ -105,6 +109,7 @@ def check_bigram_counts(bigram_counts) -> bool:
     return run_check(
         bigram_counts, cases, count_bigrams, mistakes, method=loop,
         slow_hint="count all pairs at once: torch.bincount of a * d_vocab + b", generate=_stream,
+        withheld=[count_bigrams],
     )
 
 
@@ -161,7 +166,7 @@ def check_bigram_kl(bigram_kl) -> bool:
     ]
     return run_check(
         bigram_kl, _comparison_cases(), lambda lp, c: cross_entropy(lp, c) - conditional_entropy(c), mistakes, atol=1e-5, rtol=1e-4,
-        returns=float, generate=_tables,
+        returns=float, generate=_tables, withheld=[compare_bigram_tables],
     )
 
 
@@ -227,6 +232,7 @@ def check_bigram_correlation(bigram_correlation) -> bool:
         rtol=1e-4,
         returns=float,
         generate=_correlated_tables,
+        withheld=[compare_bigram_tables],
     )
 
 

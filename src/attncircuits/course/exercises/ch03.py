@@ -4,7 +4,9 @@ circuits as two factors, and the positional head found from ``W_pos`` alone.
 The references are :func:`~attncircuits.analysis.circuits.path_expansion`,
 :func:`~attncircuits.analysis.circuits.full_ov_circuit`, :func:`~attncircuits.analysis.circuits.full_qk_circuit`,
 :func:`~attncircuits.analysis.circuits.positional_attention` and
-:func:`~attncircuits.analysis.circuits.mean_attention_by_offset`.
+:func:`~attncircuits.analysis.circuits.mean_attention_by_offset`. While the learner's function runs, the package's
+own answers are withheld: ``path_expansion`` for the path terms, the full circuits (and the factored helpers
+they wrap) for the factors.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from attncircuits.analysis.circuits.factored import (
     full_ov_circuit,
     full_qk_circuit,
     mean_attention_by_offset,
+    ov_factors,
     positional_attention,
+    qk_circuit_parts,
+    qk_factors,
 )
 from attncircuits.analysis.circuits.paths import path_expansion
 from attncircuits.checkpoints.pretrained import validation_windows
@@ -64,7 +69,7 @@ def check_direct_path_logits(direct_path_logits) -> bool:
         ),
     ]
     return run_check(direct_path_logits, _text_cases(), lambda m, t: path_expansion(m, t).direct, mistakes, atol=1e-4,
-                     n_generated=_draws.MODEL_CASES, generate=_draws.model_tokens)
+                     n_generated=_draws.MODEL_CASES, generate=_draws.model_tokens, withheld=[path_expansion])
 
 
 # ---- Exercise 3.2 --------------------------------------------------------------------------------
@@ -106,7 +111,7 @@ def check_head_logit_term(head_logit_term) -> bool:
     ]
     return run_check(
         head_logit_term, cases, lambda m, t, h: path_expansion(m, t).heads[:, :, h], mistakes, atol=1e-4, rtol=1e-3,
-        n_generated=_draws.MODEL_CASES, generate=lambda draw: _draws.head_case(draw, (1, 2)),
+        n_generated=_draws.MODEL_CASES, generate=lambda draw: _draws.head_case(draw, (1, 2)), withheld=[path_expansion],
     )
 
 
@@ -137,7 +142,7 @@ def check_logits_from_paths(logits_from_paths) -> bool:
     ]
     cases = _text_cases() + [Case("another random model", (random_model(1, seed=9, n_heads=2, d_head=16), random_tokens(64, (1, 16), seed=3)), kind="random")]
     return run_check(logits_from_paths, cases, lambda m, t: m(t), mistakes, atol=1e-3, rtol=1e-3, n_generated=_draws.MODEL_CASES,
-                     generate=_draws.model_tokens)
+                     generate=_draws.model_tokens, withheld=[path_expansion])
 
 
 # ---- Exercises 3.4 and 3.5 -----------------------------------------------------------------------
@@ -192,7 +197,7 @@ def check_ov_circuit_factors(ov_circuit_factors) -> bool:
         return ov.A, ov.B
 
     return run_check(ov_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3,
-                     n_generated=_draws.MODEL_CASES, generate=_model_head)
+                     n_generated=_draws.MODEL_CASES, generate=_model_head, withheld=[full_ov_circuit, ov_factors])
 
 
 @guarded
@@ -222,7 +227,8 @@ def check_qk_circuit_factors(qk_circuit_factors) -> bool:
         return qk.A, qk.B
 
     return run_check(qk_circuit_factors, _factor_cases(), reference, mistakes, canonical=_product, atol=1e-3, rtol=1e-3,
-                     n_generated=_draws.MODEL_CASES, generate=_model_head)
+                     n_generated=_draws.MODEL_CASES, generate=_model_head,
+                     withheld=[full_qk_circuit, qk_factors, qk_circuit_parts])
 
 
 # ---- Exercise 3.6 --------------------------------------------------------------------------------

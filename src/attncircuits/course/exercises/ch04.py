@@ -4,7 +4,9 @@ eigenvalue copying score.
 
 The references are :func:`~attncircuits.analysis.circuits.top_skip_trigrams`,
 :meth:`~attncircuits.analysis.circuits.FactoredMatrix.eigenvalues` and
-:func:`~attncircuits.analysis.circuits.copying_summary`.
+:func:`~attncircuits.analysis.circuits.copying_summary`; each is withheld from the learner's function
+while it runs (the package's own answer), ``FactoredMatrix.eigenvalues`` in exercise 4.3 only (4.4's
+text offers it).
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ def check_top_skip_trigrams(top_skip_trigrams_of_head) -> bool:
         compare=_compare_triples,
         n_generated=_draws.MODEL_CASES,
         generate=_subset,
+        withheld=[top_skip_trigrams],
     )
 
 
@@ -281,6 +284,7 @@ def check_nonzero_eigenvalues(nonzero_eigenvalues) -> bool:
         ),
         slow_hint="the eigenvalues of the d_vocab x d_vocab product take long: use the small k x k product B @ A",
         generate=_factors,
+        withheld=[(FactoredMatrix, "eigenvalues")],
     )
 
 
@@ -369,6 +373,7 @@ def check_copying_score(copying_score) -> bool:
         returns=float,
         n_generated=_draws.MODEL_CASES,
         generate=_model_head,
+        withheld=[copying_summary],
     )
 
 

@@ -4,7 +4,7 @@ attention scores split by source, and the copying accuracy of the induction head
 
 The references are the package's own functions for these quantities, in the rooms of what they
 read (:mod:`attncircuits.analysis.scores`, :mod:`attncircuits.analysis.losses`, :mod:`attncircuits.analysis.circuits`); the
-chapter's later cells call them, never the learner's versions.
+chapter's later cells call them, never the learner's versions. Each is withheld while the learner's function runs.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def check_previous_token_score(fn) -> bool:
                       lambda e, c: _prev(c.args[0]).mean().expand_as(e)),
         ],
         name="previous_token_score",
+        withheld=[scores.previous_token_scores],
         generate=_draws.pattern_case,
         identities=[Identity("a causal pattern: each query's attention sums to 1", _draws.causal_rows)],
     )
@@ -145,6 +146,7 @@ def check_prefix_matching_score(fn) -> bool:
                                           "b h q k, b q k -> b h q").mean((0, 2))),
         ],
         name="prefix_matching_score",
+        withheld=[scores.prefix_matching_scores],
         generate=_draws.repeats,
         identities=[Identity("a causal pattern: each query's attention sums to 1", _draws.causal_rows),
                     Identity("tokens are [EOT] then copies of seq_len tokens", lambda p, t, L: _draws.copies(t, L))],
@@ -234,6 +236,7 @@ def check_ablated_loss(fn) -> bool:
                       per_position_mean),
         ],
         name="ablated_loss",
+        withheld=[losses.ablated_loss],
         atol=1e-3,
         returns=float,
         n_generated=8,
@@ -301,6 +304,7 @@ def check_qk_score_terms(fn) -> bool:
                       lambda e, c: _terms_variant(*c.args, pos_first=True)),
         ],
         name="qk_score_terms",
+        withheld=[qk_score_terms],
         canonical=_causal,
         atol=1e-3,
         rtol=1e-3,
@@ -354,6 +358,7 @@ def check_copying_accuracy(fn) -> bool:
                       "its rows the source tokens", core_only),
         ],
         name="copying_accuracy",
+        withheld=[ov_copying_accuracy],
         atol=1e-6,
         returns=float,
         n_generated=_draws.MODEL_CASES,

@@ -3,7 +3,8 @@ repeated sequence, smeared keys, and per-head direct logit attribution.
 
 The reference for the last one is :func:`attncircuits.analysis.scores.logit_attribution` (the chapter's
 later cells use it): the logit of the next token split exactly into the direct path and one term
-per head.
+per head. The package's own answers (the ICL score, ``RepeatedLossCurve.copy_means``,
+``smear_scores``, ``logit_attribution``) are withheld while the learner's function runs.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def check_icl_score(fn) -> bool:
             Diagnosis("the wrong sign: late minus early", lambda e, c: -e),
         ],
         name="icl_score",
+        withheld=[losses.icl_scores_per_row, losses.icl_score_from_loss, losses.in_context_learning_score],
         returns=float,
         generate=_nll,
     )
@@ -113,6 +115,7 @@ def check_copy_losses(fn) -> bool:
                       lambda e, c: list(e)[::-1]),
         ],
         name="copy_losses",
+        withheld=[(losses.RepeatedLossCurve, "copy_means")],
         atol=1e-5,
         generate=_copies,
         identities=[Identity("loss has seq_len * n_repeats entries", lambda loss, L, n: loss.shape == (L * n,))],
@@ -201,6 +204,7 @@ def check_smear_scores(fn) -> bool:
                       lambda e, c: c.args[0]),
         ],
         name="smear_scores",
+        withheld=[smeared.smear_scores],
         atol=1e-4,
         generate=_scores,
         identities=[Identity("the entries above the diagonal are -inf, weights in [0, 1]", lambda s, w: bool(
@@ -248,6 +252,7 @@ def check_logit_attribution(fn) -> bool:
                       lambda e, c: torch.cat([torch.zeros_like(e[..., :1]), e[..., 1:]], -1)),
         ],
         name="logit_attribution",
+        withheld=[logit_attribution],
         atol=1e-3,
         rtol=1e-4,
         n_generated=_draws.MODEL_CASES,

@@ -4,7 +4,8 @@ curve.
 
 Each check runs the learner's function on the shipped ``ln-mlp-4l`` model's weights, activations or
 history and on small random or hand-written inputs, against the references in
-:mod:`attncircuits.deeper`, and prints one line.
+:mod:`attncircuits.deeper`, and prints one line. Those references (and TransformerLens's own
+LayerNorm fold, where it is installed) are withheld while the learner's function runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ from attncircuits.course.exercises._core import (
 )
 
 __all__ = ["check_fold_ln_into", "check_frozen_ln", "check_loss_bump"]
+
+
+def _tl_fold() -> list:
+    """TransformerLens's own LayerNorm fold, the gain into a weight and the bias into its bias
+    (``ProcessWeights``' static methods; none where TransformerLens is not installed)."""
+    try:
+        from transformer_lens.weight_processing import ProcessWeights
+    except ImportError:
+        return []
+    names = ("fold_layer_norm_weight_single", "fold_layer_norm_bias_single")
+    return [(ProcessWeights, name) for name in names if name in vars(ProcessWeights)]
 
 
 def _random_ln_case(seed: int, d_model: int, n_heads: int, d_head: int) -> tuple:
@@ -103,6 +115,7 @@ def check_fold_ln_into(fn) -> bool:
         rtol=1e-4,
         generate=_fold_case,
         outputs=("W_folded", "b_folded"),
+        withheld=[fold_ln_into, *_tl_fold()],
     )
 
 
@@ -200,6 +213,7 @@ def check_frozen_ln(fn) -> bool:
         rtol=1e-4,
         generate=_stack_case,
         identities=[Identity("components sum over axis 0 to resid", _sums_to_resid)],
+        withheld=[frozen_ln],
     )
 
 
@@ -257,6 +271,7 @@ def check_loss_bump(fn) -> bool:
         rtol=1e-6,  # a float32 answer holds the bump to about 1e-7
         generate=_curve,
         returns=float,
+        withheld=[loss_bump],
     )
 
 

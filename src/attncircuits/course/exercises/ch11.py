@@ -3,7 +3,8 @@ best induction head, and the per-token-loss PCA.
 
 Each check runs the learner's function on the committed family results (seed 0) and on small
 hand-written and generated inputs, against the references in :mod:`attncircuits.analysis.phase`,
-and prints one line.
+and prints one line. Those references, and this module's wrappers of them, are withheld while the
+learner's function runs: the package's own answers.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def check_rise_window(fn) -> bool:
         rtol=0,
         generate=_trajectory,
         returns=tuple,
+        withheld=[phase.rise, rise_window],
     )
 
 
@@ -204,6 +206,7 @@ def check_best_induction_head(fn) -> bool:
         rtol=0,
         generate=_prefix_history,
         returns=tuple,
+        withheld=[phase.phase_change, best_induction_head],
     )
 
 
@@ -299,6 +302,7 @@ def check_loss_pca_2d(fn) -> bool:
         rtol=1e-4,
         canonical=_signs,
         generate=_stack,
+        withheld=[phase.loss_pca, loss_pca_2d],
     )
 
 

@@ -12,6 +12,8 @@ decides some answers. The hypothesis checks call the learner's function,
 which returns a hypothesis dict, and grade it with :mod:`attncircuits.course.grader` against the
 shipped mystery: there is no answer to compare with, only the model's measurements, and a wrong
 hypothesis gets the grader's first failing part (what was measured, not what the answer is).
+While the learner's function runs, the references (and, for a hypothesis, the package's own
+``derive_circuit`` and ``measure_ground_truth``) are withheld: the package's own answers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import copy
 
 import torch
 
-from attncircuits.analysis.circuit_check import answer_paths, circuit_shares, copy_attention, model_grammar
+from attncircuits.analysis.circuit_check import (
+    answer_paths,
+    circuit_shares,
+    copy_attention,
+    derive_circuit,
+    measure_ground_truth,
+    model_grammar,
+)
 from attncircuits.analysis.circuits import full_ov_circuit
 from attncircuits.course import grader
 from attncircuits.course.exercises import _draws
@@ -76,6 +85,7 @@ def check_copy_attention(fn) -> bool:
         ],
         name="copy_attention",
         generate=_copy_case,
+        withheld=[copy_attention],
     )
 
 
@@ -115,6 +125,7 @@ def check_circuit_shares(fn) -> bool:
                       lambda e, c: (e[1], e[0])),
         ],
         name="circuit_shares",
+        withheld=[circuit_shares],
         outputs=("faithfulness", "completeness"),
         generate=_shares_case,
         identities=[Identity("the ablated loss is above the clean one", lambda clean, none, *_: none > clean)],
@@ -140,11 +151,14 @@ def _graded(name: str):
     return [Case(name, (), expected=True)], compare
 
 
+_CIRCUIT_FINDERS = [derive_circuit, measure_ground_truth]  # the package's own circuit of a mystery, found
+
+
 @guarded
 def check_mystery_2(fn) -> bool:
     """Exercise 12.3: ``hypothesis_2() -> dict``, graded against mystery-2."""
     cases, compare = _graded("mystery-2")
-    return run_check(fn, cases, compare=compare)
+    return run_check(fn, cases, compare=compare, withheld=_CIRCUIT_FINDERS)
 
 
 def _permuted(model, task, seed: int):
@@ -258,6 +272,7 @@ def check_grammar_2(fn) -> bool:
                       lambda e, c: _heads_only(*c.args)),
         ],
         name="grammar_2",
+        withheld=[model_grammar],
         time_limit=30.0,
         slow_hint="one short row per (cue, trigger) pair is enough: BOS, the trigger, the cue",
     )
@@ -267,7 +282,7 @@ def check_grammar_2(fn) -> bool:
 def check_mystery_3(fn) -> bool:
     """Exercise 12.4: ``hypothesis_3() -> dict``, graded against mystery-3."""
     cases, compare = _graded("mystery-3")
-    return run_check(fn, cases, compare=compare)
+    return run_check(fn, cases, compare=compare, withheld=_CIRCUIT_FINDERS)
 
 
 def _paths_wrong(model, tokens, how: str):
@@ -326,4 +341,5 @@ def check_answer_paths(fn) -> bool:
         ],
         name="answer_paths",
         outputs=("direct", "virtual"),
+        withheld=[answer_paths],
     )
