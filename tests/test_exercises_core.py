@@ -232,3 +232,27 @@ def test_the_output_axes_are_named_where_a_message_gives_an_index(capsys):
 
     assert run_check(bumped, cases, lambda x: x, name="p", axes=axes) is False
     assert "at [batch 0, query 4, key 3]" in one_line(capsys)
+
+
+def test_a_stub_as_it_came_is_not_attempted_before_any_case_is_built(capsys):
+    """A learner's notebook runs every check cell before any exercise is done: the stub is said to
+    be not attempted before the check builds its cases (models, generated inputs)."""
+    from attncircuits.course.exercises._core import guarded
+
+    @guarded
+    def check(fn):
+        raise AssertionError("built its cases for a stub")
+
+    def attention_pattern(q, k):
+        """The stub."""
+        raise NotImplementedError("write this function")
+
+    def started(q, k):
+        s = q @ k.T
+        raise NotImplementedError(s)
+
+    assert check(attention_pattern) is False
+    out = capsys.readouterr().out
+    assert out.startswith("○ attention_pattern: not attempted yet"), out
+    assert check(started) is False  # a body begun: the check runs (and here says what it raised)
+    assert "built its" in capsys.readouterr().out

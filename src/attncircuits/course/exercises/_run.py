@@ -158,6 +158,9 @@ class _Watch(TorchFunctionMode):
 
 
 # ---- running the learner's function --------------------------------------------------------------
+NOT_ATTEMPTED = "not attempted yet (fill in the function above, then run this cell again)"
+
+
 def _is_stub(fn: Callable) -> bool:
     """True when ``fn``'s body is only a docstring, ``pass``, ``...`` or ``raise NotImplementedError``."""
     try:
@@ -177,9 +180,19 @@ def _is_stub(fn: Callable) -> bool:
     def trivial(stmt) -> bool:
         if isinstance(stmt, ast.Pass):
             return True
+        if isinstance(stmt, ast.Raise) and stmt.exc is not None:  # the learner's stub as it came
+            exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+            return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
         return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is Ellipsis
 
     return all(trivial(s) for s in body)
+
+
+def untouched(fn) -> bool:
+    """Whether ``fn`` is a stub no one has filled in (its body only a docstring, ``pass``, ``...``
+    or ``raise NotImplementedError``): a check then says "not attempted yet" before it builds any
+    case (a learner's notebook runs every check cell before any exercise is done)."""
+    return inspect.isfunction(inspect.unwrap(fn)) and _is_stub(fn)
 
 
 def _where(tb, fn: Callable) -> str:
@@ -321,7 +334,7 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
     except NotImplementedError as err:
         stub = _stub_called(err.__traceback__, fn)
         if stub is None:
-            raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+            raise _Stop(NOT_ATTEMPTED, None)
         if stub:
             raise _Stop(
                 f"your function calls `{stub}`, which is not done yet (it raises NotImplementedError): "
@@ -338,7 +351,7 @@ def _call(fn: Callable, case: Case, limit: float, slow_hint: str, method: Method
     except BaseException as err:  # anything the learner's code raises becomes one line
         raise _Stop(f"raised {type(err).__name__}{_where(err.__traceback__, fn)} on {case.label}: {_first_line(err)}")
     if out is Ellipsis or (out is None and _is_stub(fn)):
-        raise _Stop("not attempted yet (fill in the function above, then run this cell again)", None)
+        raise _Stop(NOT_ATTEMPTED, None)
     changed = after(args, kwargs) if after is not None else None
     if changed:
         raise _Stop(f"on {case.label}: {changed}")
