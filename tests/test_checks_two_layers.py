@@ -3,9 +3,7 @@ ones; the hand-built reference models meet the targets chapter 8 states."""
 
 from __future__ import annotations
 
-import inspect
 import math
-import types
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from attncircuits.analysis.attribution import attribution_labels, two_back_accur
 from attncircuits.course.exercises import ch05, ch06, ch07, ch08
 from attncircuits.models import handbuilt as hb
 from attncircuits.models import smeared
+from learner_copy import learner_copy
 
 
 def run(check, fn, capsys) -> tuple[bool, str]:
@@ -39,16 +38,6 @@ def rejects(check, fn, capsys, *phrases):
     assert not ok and out.startswith("✗"), out
     for p in phrases:
         assert p in out, (p, out)
-
-
-def _own(f):
-    """A copy of the package's function ``f``, as a learner would write it: the check withholds
-    ``f`` itself (its own answer), not the same code written again (a decorated ``f``: its own code,
-    unwrapped)."""
-    f = inspect.unwrap(f)
-    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    g.__kwdefaults__ = f.__kwdefaults__
-    return g
 
 
 # ---- chapter 5 ----------------------------------------------------------------------------------
@@ -185,7 +174,7 @@ def test_ablated_loss(capsys):
 
 def test_qk_score_terms(capsys):
     check = ch06.check_qk_score_terms
-    qk_score_terms = _own(attribution.qk_score_terms)
+    qk_score_terms = learner_copy(attribution.qk_score_terms)
     accepts(check, qk_score_terms, capsys)
     rejects(check, lambda *a: qk_score_terms(*a).transpose(0, 1), capsys, "swapped")
     rejects(check, lambda m, t, h: qk_score_terms(m, t, h) * math.sqrt(m.cfg.d_head), capsys, "sqrt(d_head)")
@@ -198,7 +187,7 @@ def test_qk_score_terms(capsys):
 
 def test_copying_accuracy(capsys):
     check = ch06.check_copying_accuracy
-    ov_copying_accuracy = _own(copying.ov_copying_accuracy)
+    ov_copying_accuracy = learner_copy(copying.ov_copying_accuracy)
     accepts(check, ov_copying_accuracy, capsys)
     rejects(check, lambda m, hs: sum(ov_copying_accuracy(m, [h]) for h in hs) / len(hs), capsys, "averaged")
 
@@ -229,7 +218,7 @@ def test_copy_losses(capsys):
 
 def test_smear_scores(capsys):
     check = ch07.check_smear_scores
-    smear_scores = _own(smeared.smear_scores)
+    smear_scores = learner_copy(smeared.smear_scores)
     accepts(check, smear_scores, capsys)
     rejects(check, lambda s, w: smear_scores(s, 1 - w), capsys, "swapped")
 
@@ -245,7 +234,7 @@ def test_smear_scores(capsys):
 
 def test_logit_attribution(capsys):
     check = ch07.check_logit_attribution
-    logit_attribution = _own(attribution.logit_attribution)
+    logit_attribution = learner_copy(attribution.logit_attribution)
     accepts(check, logit_attribution, capsys)
     rejects(check, lambda m, t: logit_attribution(m, t)[..., 1:], capsys, "shape")
 
@@ -278,7 +267,7 @@ def test_the_packages_own_answers_are_refused_by_name(capsys):
 
 def test_previous_token_qk(capsys):
     check = ch08.check_previous_token_qk
-    previous_token_qk = _own(hb.previous_token_qk)
+    previous_token_qk = learner_copy(hb.previous_token_qk)
     accepts(check, previous_token_qk, capsys)
 
     def no_rotation(W_pos, n, d):
@@ -291,7 +280,7 @@ def test_previous_token_qk(capsys):
 
 def test_copy_ov(capsys):
     check = ch08.check_copy_ov
-    copy_ov = _own(hb.copy_ov)
+    copy_ov = learner_copy(hb.copy_ov)
     accepts(check, copy_ov, capsys)
     rejects(check, lambda d, h, s, t: copy_ov(d, h, t, s), capsys, "copies dst into src")
     rejects(check, lambda d, h, s, t: copy_ov(d, h, s, t, scale=2.0), capsys, "2 times")
@@ -299,7 +288,7 @@ def test_copy_ov(capsys):
 
 def test_two_back_model(capsys):
     check = ch08.check_two_back_model
-    two_back_model = _own(hb.two_back_model)
+    two_back_model = learner_copy(hb.two_back_model)
     accepts(check, two_back_model, capsys)
 
     def one_back(layout):
@@ -314,7 +303,7 @@ def test_two_back_model(capsys):
 
 def test_induction_qk(capsys):
     check = ch08.check_induction_qk
-    induction_qk = _own(hb.induction_qk)
+    induction_qk = learner_copy(hb.induction_qk)
     accepts(check, induction_qk, capsys)
 
     def key_reads_token(layout):

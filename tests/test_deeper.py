@@ -3,7 +3,6 @@ MLPs, each against an independent computation; loading such a model refuses bad 
 
 import dataclasses
 import importlib.metadata
-import types
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint  # n
 from attncircuits.models import interop  # noqa: E402
 from attncircuits.models.parts import loss_fn  # noqa: E402
 from attncircuits.models.hooked import HookedConfig, course_hooked_class  # noqa: E402
+from learner_copy import learner_copy  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
 
@@ -216,10 +216,7 @@ def test_a_corrupted_weights_file_gives_the_manifest_error(saved):
         load_checkpoint(saved)
 
 
-def _own(f):
-    """A copy of the package's function ``f``, as a learner would write it: the check withholds
-    ``f`` itself (the package's own answer), not the same code written again."""
-    return types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+_FOLD = learner_copy(D.fold_ln_into)  # the learner's own fold_ln_into (the package's is withheld)
 
 
 def _fold_no_centre(w, b_ln, W, b):
@@ -259,17 +256,17 @@ def _bump_first(values):
 @pytest.mark.parametrize(
     "check, fn, message",
     [
-        ("check_fold_ln_into", _own(D.fold_ln_into), "correct on 26 cases"),
+        ("check_fold_ln_into", _FOLD, "correct on 26 cases"),
         ("check_fold_ln_into", D.fold_ln_into, "the package's own answer"),
         ("check_fold_ln_into", _fold_no_centre, "not centred"),
         ("check_fold_ln_into", _fold_scaled_bias, "b_ln @ W, not (w_ln * b_ln) @ W"),
-        ("check_fold_ln_into", lambda w, b_ln, W, b: _own(D.fold_ln_into)(w, b_ln, W, b)[0], "tuple"),
-        ("check_frozen_ln", _own(D.frozen_ln), "correct on 26 cases"),
+        ("check_fold_ln_into", lambda w, b_ln, W, b: _FOLD(w, b_ln, W, b)[0], "tuple"),
+        ("check_frozen_ln", learner_copy(D.frozen_ln), "correct on 26 cases"),
         ("check_frozen_ln", D.frozen_ln, "the package's own answer"),
         ("check_frozen_ln", _ln_own_scale, "its own scale"),
         ("check_frozen_ln", _ln_unbiased, "unbiased variance"),
         ("check_frozen_ln", lambda c, r: c - c.mean(-1, keepdim=True), "not divided"),
-        ("check_loss_bump", _own(D.loss_bump), "correct on 29 cases"),
+        ("check_loss_bump", learner_copy(D.loss_bump), "correct on 29 cases"),
         ("check_loss_bump", D.loss_bump, "the package's own answer"),
         ("check_loss_bump", _bump_one_step, "consecutive"),
         ("check_loss_bump", lambda v: max(x for x in v if x is not None) - min(x for x in v if x is not None), "ignores order"),
