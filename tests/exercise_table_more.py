@@ -174,7 +174,7 @@ def _messages(wrong, right, sol) -> None:
         tl.add_hook(f"blocks.{layer}.attn.hook_z", functools.partial(sol("zero_head_hook"), head=head))
         return tl(tokens, return_type="loss", loss_per_token=True)
 
-    wrong("ch09.check_zero_ablated_loss", "add_hook, never removed (right values)", add_hook, "leaves its hook",
+    wrong("ch09.check_zero_ablated_loss", "add_hook, never removed (right values)", add_hook, "leaves 1 hook(s) on `tl`",
           "named")
     right("ch09.check_zero_ablated_loss", "the values zeroed at hook_v", lambda tl, t, l, h: tl.run_with_hooks(
         t, return_type="loss", loss_per_token=True,
