@@ -102,8 +102,9 @@ def _hooks(model: torch.nn.Module) -> int:
 def changed_inputs(given: tuple, kwargs_given: dict, case, names: list[str]) -> str | None:
     """The message when the learner's function changed an input in place, else None."""
     for name, a, b in [*zip(names, given, case.args), *((k, kwargs_given[k], v) for k, v in case.kwargs.items())]:
-        if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module) and _hooks(a) > _hooks(b):
-            return (f"your function leaves {_hooks(a) - _hooks(b)} hook(s) on `{name}`: every later run of the "
+        left = _hooks(a) - _hooks(b) if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module) else 0
+        if left > 0:
+            return (f"your function leaves {left} hook(s) on `{name}`: every later run of the "
                     "model goes through them. Remove each (handle.remove()), or pass them for one run only "
                     "(run_with_hooks, or a `with model.hooks(...)` block)")
         try:

@@ -40,23 +40,20 @@ def withhold(answers, fn: Callable):
     reaches it: as an attribute of any of the package's modules, a name in the learner's own
     globals (``from ... import it``), or the class's method."""
     own = inspect.unwrap(fn)
-    for answer in answers:  # the package's function passed as the learner's (``copy_ov = hb.copy_ov``)
-        label, target = (f"{answer[0].__name__}.{answer[1]}", vars(answer[0])[answer[1]]) if isinstance(answer, tuple) \
-            else (answer.__name__, answer)
+    named = [(f"{a[0].__name__}.{a[1]}", vars(a[0])[a[1]]) if isinstance(a, tuple) else (a.__name__, a) for a in answers]
+    for label, target in named:  # the package's function passed as the learner's (``copy_ov = hb.copy_ov``)
         if any(x is target or x is inspect.unwrap(target) for x in (fn, own, getattr(own, "__func__", own))):
             raise Withheld(label)  # a decorated answer (torch.no_grad) unwraps to its inner function
+    spaces = [vars(m) for n, m in list(sys.modules.items()) if n.split(".")[0] == "attncircuits" and m is not None]
+    spaces.append(getattr(own, "__globals__", {}))  # ``from ... import it`` in the notebook
     swaps = []
-    learner_globals = getattr(own, "__globals__", {})
-    for answer in answers:
+    for answer, (label, target) in zip(answers, named):
         if isinstance(answer, tuple):
-            owner, attr = answer
-            label, places = f"{owner.__name__}.{attr}", [(owner, attr, vars(owner)[attr])]
+            places = [(answer[0], answer[1], target)]
         else:
-            label = answer.__name__
-            spaces = [vars(m) for n, m in list(sys.modules.items()) if n.split(".")[0] == "attncircuits" and m is not None]
-            places = [(space, a, v) for space in [*spaces, learner_globals] for a, v in list(space.items()) if v is answer]
-            places += [(cell, "cell_contents", answer) for cell in getattr(own, "__closure__", None) or ()
-                       if _held(cell) is answer]
+            places = [(space, a, v) for space in spaces for a, v in list(space.items()) if v is target]
+            places += [(cell, "cell_contents", target) for cell in getattr(own, "__closure__", None) or ()
+                       if _held(cell) is target]
 
         def blocked(*args, _label=label, **kwargs):
             raise Withheld(_label)
