@@ -24,6 +24,13 @@
   than :data:`QUANTITY_TOLERANCE` times a unit of the last printed digit of the coarser of the two
   (their roundings then agree), so a page that measures on other windows must name them.
 
+Under pytest-xdist (``make test`` runs the notebooks on every core, a notebook's cells in one
+kernel of one worker) each worker checks the cells it runs; the quantities each worker saw are sent
+to the controller (``workeroutput``), which compares them across workers and fails the run, naming
+both pages, when two pages run by different workers print one quantity with two values. A line
+must name windows its own page reported (each page runs in a kernel of its own, which constructs
+every set of windows it measures on), so no verdict depends on which pages ran before.
+
 Cells whose output the book removes (tags ``remove-output``, ``remove-cell``) are not checked.
 The checks are plain functions of the outputs, so ``tests/test_notebook_pages.py`` tests them on
 made-up outputs without running a notebook.
@@ -267,7 +274,8 @@ def _book_max_width() -> float:
 
 
 _SEEN: dict = {}  # (quantity, model, windows, condition) -> (value, digits, page), over the run
-_WINDOW_NAMES: set = set()
+_WINDOW_NAMES: dict = {}  # page -> the names of the windows it reported
+_ACROSS_WORKERS: list = []  # conflicts the controller found between pages that different workers ran
 
 
 def _new_quantity_records() -> list[dict]:
@@ -304,19 +312,49 @@ def _checked(item, max_width: float):
         tags = item.cell.metadata.get("tags", [])
         problems = cell_problems(outputs, messages, tags, max_width)
         records = _new_quantity_records()
-        _WINDOW_NAMES.update(r.get("windows") or r["windows_name"] for r in records)
+        names = _WINDOW_NAMES.setdefault(item.parent.name, set())
+        names.update(r.get("windows") or r["windows_name"] for r in records)
         records = [r for r in records if "quantity" in r]
         problems += quantity_conflicts(_SEEN, records, item.parent.name)
         if not _HIDDEN_TAGS & set(tags):
-            problems += unnamed_quantities(outputs, records, _WINDOW_NAMES)
+            problems += unnamed_quantities(outputs, records, names)
         if problems:
             pytest.fail(f"cell {item.cell_num} of {item.parent.name}, as the book shows it:\n  " + "\n  ".join(problems))
 
     return run_and_check
 
 
+def _seen_rows() -> list[list]:
+    """``_SEEN`` and ``_PAGES`` as plain lists, which execnet carries from a worker."""
+    return [[*key, value, digits, page, sorted(_PAGES.get(key, ()))]
+            for key, (value, digits, page) in _SEEN.items()]
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controller compares the pages
+        workeroutput["quantities"] = _seen_rows()
+    elif _ACROSS_WORKERS and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """On the controller: a worker's quantities against those of the workers that ended before."""
+    for quantity, model, windows, condition, value, digits, page, pages in node.workeroutput.get("quantities", []):
+        record = {"quantity": quantity, "model": model, "windows": windows, "condition": condition,
+                  "value": value, "digits": digits}
+        _ACROSS_WORKERS.extend(quantity_conflicts(_SEEN, [record], page))
+        _PAGES.setdefault((quantity, model, windows, condition), set()).update(pages)
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Every quantity the pages printed, once, with the pages that printed it (the first value)."""
+    """Every quantity the pages printed, once, with the pages that printed it (the first value);
+    under pytest-xdist, first the quantities two workers' pages printed with two values."""
+    if _ACROSS_WORKERS:
+        terminalreporter.section("quantities printed with two values (pages run by different workers)", red=True)
+        for line in _ACROSS_WORKERS:
+            terminalreporter.write_line(line)
     if not _SEEN:
         return
     terminalreporter.section("quantities the pages printed")

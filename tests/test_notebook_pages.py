@@ -99,3 +99,49 @@ def test_removed_outputs_are_not_checked():
     bad = [stream("x" * 200)]
     assert pages.cell_problems(bad, [], ["remove-output"], 743) == []
     assert len(pages.cell_problems(bad, [], ["hide-input"], 743)) == 1
+
+
+def test_pages_run_by_different_workers_are_compared_on_the_controller(monkeypatch):
+    """Under pytest-xdist each worker sends the quantities its pages printed; the controller finds
+    a quantity two workers' pages printed with two values and fails the run, naming both pages."""
+    from types import SimpleNamespace
+
+    for name in ("_SEEN", "_PAGES"):
+        monkeypatch.setattr(pages, name, {})
+    monkeypatch.setattr(pages, "_ACROSS_WORKERS", [])
+    key = ("ICL score", "attn-only-2l", "chapter 7's 1024 validation windows", "")
+    worker = SimpleNamespace(workeroutput={})
+    pages._SEEN[key] = (-0.51, 2, "07_why_two_layers.ipynb")  # what one worker's page printed
+    pages.pytest_sessionfinish(SimpleNamespace(config=worker))
+    rows = worker.workeroutput["quantities"]
+    pages._SEEN.clear()
+    pages._PAGES.clear()
+    pages.pytest_testnodedown(SimpleNamespace(workeroutput={"quantities": rows}), None)
+    assert not pages._ACROSS_WORKERS  # one worker: nothing to compare
+    other = [[*key, -0.514, 3, "reproduces.ipynb", ["reproduces.ipynb"]]]  # rounds to -0.51: agrees
+    pages.pytest_testnodedown(SimpleNamespace(workeroutput={"quantities": other}), None)
+    assert not pages._ACROSS_WORKERS
+    third = [[*key, -0.48, 2, "exercises/07_why_two_layers.ipynb", []]]
+    pages.pytest_testnodedown(SimpleNamespace(workeroutput={"quantities": third}), None)
+    assert pages._ACROSS_WORKERS == [
+        "ICL score of attn-only-2l on chapter 7's 1024 validation windows: -0.48 here, -0.51 in 07_why_two_layers.ipynb"]
+    assert pages._PAGES[key] == {"07_why_two_layers.ipynb", "reproduces.ipynb", "exercises/07_why_two_layers.ipynb"}
+    controller = SimpleNamespace(config=SimpleNamespace(), exitstatus=0)
+    pages.pytest_sessionfinish(controller)
+    assert controller.exitstatus == 1
+
+
+def test_a_line_names_windows_its_own_page_reported():
+    """Which pages a worker ran before is chance under pytest-xdist: a printed quantity must name
+    windows reported on its own page (or the training history's), never another page's."""
+    line = [stream("ICL score: -0.51\n")]
+    assert pages.unnamed_quantities(line, [], set())
+    assert not pages.unnamed_quantities([stream("ICL score on my windows: -0.51\n")], [], {"my windows"})
+
+
+def test_the_makefile_runs_tests_and_notebooks_on_every_core():
+    text = (REPO / "Makefile").read_text()
+    assert "TEST_WORKERS ?= auto" in text and "--dist loadfile" in text
+    runs = [line for line in text.splitlines() if "-m pytest" in line and line.strip().startswith("stage ")]
+    assert len(runs) == 2 and all("$(XDIST)" in line for line in runs), runs
+    assert "pytest-xdist==" in (REPO / "requirements.txt").read_text()

@@ -237,19 +237,27 @@ def _chapter_figures():
     yield "head_patterns_grid (snapshot explorer)", lambda: snap.render()
 
 
-def test_every_figure_is_legible_in_the_book_column():
+@pytest.fixture(scope="module")
+def chapter_figures():
+    """The figures of :func:`_chapter_figures`, drawn once for the two tests that read them all
+    (legibility and covered data); closed when this module's tests are done."""
+    with plt.rc_context({"figure.max_open_warning": 0}):  # all 22 stay open until both tests ran
+        figures = [(name, make()) for name, make in _chapter_figures()]
+        yield figures
+    plt.close("all")
+
+
+def test_every_figure_is_legible_in_the_book_column(chapter_figures):
     """The rule in the plotting docstring: every text, at the size a reader sees it in the column,
     is at least MIN_TEXT_PX; no figure is wider than the column (so none is scaled down); no two
     tick labels run into each other."""
     seen, small = 0, []
-    for name, make in _chapter_figures():
-        fig = make()
+    for name, fig in chapter_figures:
         assert isinstance(fig, Figure), name
         px, width, clash = legibility(fig)
         if px < MIN_TEXT_PX or width > COLUMN_PX + 0.5 or clash:
             small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide, overlapping {clash[:3]}")
         seen += 1
-        plt.close("all")
     assert seen == 22 and not small, small  # every figure _chapter_figures draws
 
 
@@ -303,16 +311,15 @@ def test_subplots_for_composed_panels_fit_the_column():
     assert plotting.subplots()[1].__class__.__name__ == "Axes"
 
 
-def test_no_legend_or_label_covers_data():
+def test_no_legend_or_label_covers_data(chapter_figures):
     """Every legend and reference label of the figure functions, at the chapters' calls, sits where
     no plotted point is (``place_legend`` moves a legend beside the axes when "best" is not clear)."""
     from attncircuits.show.plotting.base import covered_data
 
     found = []
-    for name, make in _chapter_figures():
-        found += [f"{name}: {c}" for c in covered_data(make())]
-        plt.close("all")
-    assert not found, found
+    for name, fig in chapter_figures:
+        found += [f"{name}: {c}" for c in covered_data(fig)]
+    assert len(chapter_figures) == 22 and not found, found
 
 
 def test_the_cover_check_sees_a_legend_on_a_line():
