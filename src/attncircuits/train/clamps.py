@@ -43,9 +43,6 @@ from attncircuits.train.live import TARGET_COPY_RATIO, TARGET_PREFIX_MATCHING, l
 from attncircuits.train.loop import train
 
 TARGETS = ("previous", "induction")
-#: the four conditions of chapter 13: head 0 of layer 0 clamped to the previous token, head 0 of
-#: layer 1 to the induction target, both, and nothing
-CONDITIONS: dict[str, tuple] = {}  # filled below, once Clamp exists
 #: the committed results (``make clamps``), in the package's shipped files so Colab reads them too
 RESULTS = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped" / "formation" / "clamps.json"
 SEEDS = (0, 1, 2, 3, 4)
@@ -66,12 +63,14 @@ class Clamp:
         return f"{head_name(self.layer, self.head)} clamped to {what if self.target == 'previous' else 'the induction target'}"
 
 
-CONDITIONS.update({
+#: the four conditions of chapter 13: head 0 of layer 0 clamped to the previous token, head 0 of
+#: layer 1 to the induction target, both, and nothing
+CONDITIONS: dict[str, tuple[Clamp, ...]] = {
     "none": (),
     "previous": (Clamp(0, 0, "previous"),),
     "induction": (Clamp(1, 0, "induction"),),
     "both": (Clamp(0, 0, "previous"), Clamp(1, 0, "induction")),
-})
+}
 
 
 def check_clamps(cfg: ModelConfig, clamps) -> tuple[Clamp, ...]:
