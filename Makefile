@@ -20,7 +20,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train replicate family train-mine mystery bench clean venv screenshots
+.PHONY: book book-assets test train replicate family train-mine mystery markov clamps bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -193,6 +193,17 @@ train-mine: venv
 # make mystery [NAME=mystery-2]
 mystery: venv
 	cd src && ../$(PY) -m attncircuits.train.mystery $(NAME)
+
+# Chapter 13's recorded runs, into src/attncircuits/checkpoints/shipped/formation/ (one thread each; a
+# rerun skips the runs already recorded, so the same command continues after Ctrl-C):
+# markov: the 2- and 1-layer models on in-context Markov chains, five seeds with 3 symbols and three
+# each with 2 and 4 (about 2 min a run on a busy core); clamps: chapter 7's live recipe with a head's
+# attention clamped (previous token, induction target, both, none), five seeds (about 10 min in all).
+markov: venv
+	$(PY) -m attncircuits.train.markov --seeds 0 1 2 3 4 --ks 3
+	$(PY) -m attncircuits.train.markov --seeds 0 1 2 --ks 2 4
+clamps: venv
+	$(PY) -m attncircuits.train.clamps
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv

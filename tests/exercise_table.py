@@ -1,4 +1,4 @@
-"""A table of answers to the 52 exercise checks: wrong answers, each with the words its message
+"""A table of answers to the 55 exercise checks: wrong answers, each with the words its message
 must contain, and correct answers written another way, which must pass.
 
 Every wrong answer is one of two message classes: ``named`` (the message names the mistake) or
@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 import exercise_table_ch08
+import exercise_table_ch13
 import exercise_table_edges
 import exercise_table_more
 
@@ -1109,6 +1110,7 @@ right(C, "lists of floats in a tuple", _paths(lambda d, v, m, t: (d, v)))
 
 exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 exercise_table_ch08.add(wrong, right, lambda name: _sol(name))
+exercise_table_ch13.add(wrong, right, lambda name: _sol(name))
 exercise_table_more.add(wrong, right, lambda name: _sol(name))
 
 
@@ -1140,7 +1142,7 @@ def outcome(row: Row) -> tuple[str, str]:
 
 
 def reference_rows() -> list[Row]:
-    """One right answer per check (the first in the table): the 52 checks on the reference solutions."""
+    """One right answer per check (the first in the table): the 55 checks on the reference solutions."""
     first: dict[str, Row] = {}
     for row in ROWS:
         if row.expect == "pass":

@@ -9,6 +9,8 @@
 ``replicate``   ``make replicate SEED=n``: the shipped recipes with another seed, every chapter run
 ``mine``        ``make train-mine``: the course on the learner's own text
 ``live``        chapter 7's live run: induction heads forming in seconds
+``markov``      chapter 13: models on in-context Markov chains, their stages (``make markov``)
+``clamps``      chapter 13: the live recipe with heads' attention clamped (``make clamps``)
 ==============  ===============================================================================
 
 ``from attncircuits.train import train, TrainConfig, PRESETS`` is the loop's public face.

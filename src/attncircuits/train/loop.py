@@ -221,6 +221,7 @@ def train(
     resume: dict | None = None,
     save_state: Callable[[dict], None] | None = None,
     callback: Callable[[int, Transformer, dict], bool | None] | None = None,
+    patterns: Callable[[torch.Tensor], dict] | None = None,
 ) -> tuple[Transformer, dict, dict[int, dict]]:
     """Train a model; returns it, its history and the snapshots asked for in ``cfg``.
 
@@ -235,6 +236,11 @@ def train(
 
     ``callback(step, model, row)`` runs after each evaluation (``row``: that step's history entries);
     when it returns True, training stops there (see ``live.py``).
+
+    ``patterns(batch)``, when given, returns ``{(layer, head): pattern [batch, q, k]}`` that every
+    training step's forward pass uses in place of those heads' own attention (the model's
+    ``patterns=`` hook): chapter 13 clamps parts of the circuit this way (``clamps.py``). The
+    history's evaluations run the model as it is.
     """
     cfg.check()
     dev = pick_device(device)
@@ -315,7 +321,8 @@ def train(
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
             batch = make_batch_checked(stream, cfg, n_ctx, g, stream_vocab).to(dev)
-            loss = loss_fn(model.forward_checked(batch), batch)
+            clamp = None if patterns is None else patterns(batch)
+            loss = loss_fn(model.forward_checked(batch, patterns=clamp), batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
