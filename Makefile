@@ -24,11 +24,14 @@ CHROMIUM ?= chromium
 
 venv: $(VENV)/.installed
 
+# --no-compile: pip would byte-compile every module of every package (torch, transformers, pandas:
+# tens of thousands of files, most of a fresh install's time); Python compiles the few a chapter
+# imports on first use instead, into the same __pycache__ folders.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_INDEX) "$(TORCH)"
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-compile --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet --no-compile $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install --quiet --no-compile -r requirements.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

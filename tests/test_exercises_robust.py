@@ -56,8 +56,21 @@ def _every_check_on_the_references() -> float:
 
 
 def test_every_check_passes_on_the_references_before_the_cases_below():
+    """...and every identity a check states holds on every case it ran (read from the second pass:
+    one pass serves the time and the identities)."""
+    from exercise_table import reference_rows
+
     _every_check_on_the_references()  # loads the shipped models and the solutions
     _ALONE["s"] = _every_check_on_the_references()
+    stated = [(name, cases, ids) for name, (cases, ids) in _core.CASES_RUN.items() if ids]
+    assert {name for name, _, _ in stated} >= {
+        "ch10.check_frozen_ln", "ch06.check_previous_token_score", "ch06.check_prefix_matching_score",
+        "ch07.check_copy_losses", "ch07.check_smear_scores", "ch08.check_copy_ov", "ch09.check_induction_stripe_scores"}
+    assert {r.check for r in reference_rows()} <= set(_core.CASES_RUN), "a check's cases were not recorded"
+    for name, cases, ids in stated:
+        for case in cases:
+            for identity in ids:
+                assert identity.holds(*case.args), f"{name}: {case.label}: not {identity.text}"
 
 
 def test_outputs_no_comparison_expected_are_one_line(capsys):
