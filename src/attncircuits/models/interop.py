@@ -73,7 +73,9 @@ def wrap_tokenizer(tokenizer):
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return tokenizer
     eot = tokenizer.id_to_token(0)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=eot, eos_token=eot, pad_token=eot)
+    # add_bos_token: TransformerLens takes it as it is (without, it reloads the tokenizer by name)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=eot, eos_token=eot, pad_token=eot,
+                                   add_bos_token=True, name_or_path="attncircuits")
 
 
 def _rotary_order(d_head: int) -> Tensor:
