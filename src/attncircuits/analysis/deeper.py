@@ -123,13 +123,14 @@ def fold_ln_into(w_ln: torch.Tensor, b_ln: torch.Tensor, W: torch.Tensor, b: tor
     return W_folded - W_folded.mean(-2, keepdim=True), b_folded
 
 
-def _components(fm, tokens: torch.Tensor):
-    """The final residual stream of a folded model split into its writers, each through the final
-    LayerNorm with the scale frozen (``[comp, batch, pos, d_model]``), and their labels."""
+def writers(fm, tokens: torch.Tensor):
+    """The final residual stream of ``fm`` split into its writers, ``([comp, batch, pos, d_model],
+    labels, resid)``: the token embedding (and the positions where they are in the stream), each
+    head without ``b_O`` (a folded model's value biases are in it), each MLP, and the layers' ``b_O``
+    as one "bias"; the components sum to ``resid``."""
     _, cache = fm.run_with_cache(tokens)
     c = fm.cfg
     embed = fm.W_E[tokens]
-    # each head's output without b_O (the value biases are folded into it); b_O once per layer
     heads = torch.cat([out.permute(2, 0, 1, 3) for out in cache.head_out]) if c.n_layers else embed[None, :0]
     head_labels = [head_name(l, h) for l in range(c.n_layers) for h in range(c.n_heads)]
     mlps = torch.stack(cache.mlp_out) if c.d_mlp and c.n_layers else heads[:0]
@@ -140,7 +141,13 @@ def _components(fm, tokens: torch.Tensor):
         direct.append(("pos", fm.W_pos[: tokens.shape[1]].expand_as(embed)))
     stack = torch.cat([torch.stack([d for _, d in direct]), heads, mlps, bias[None]])
     labels = [name for name, _ in direct] + head_labels + [f"mlp {l}" for l in range(len(mlps))] + ["bias"]
-    return frozen_ln(stack, cache.resid[-1], fm.ln_final.eps), labels
+    return stack, labels, cache.resid[-1]
+
+
+def _components(fm, tokens: torch.Tensor):
+    """:func:`writers`, each through the final LayerNorm with the scale frozen, and their labels."""
+    stack, labels, resid = writers(fm, tokens)
+    return frozen_ln(stack, resid, fm.ln_final.eps), labels
 
 
 def _unembedding(fm):
