@@ -160,8 +160,6 @@ def to_transformer_lens(model: Transformer, tokenizer=None, model_name: str = "a
             bridge = tl.TransformerBridge.boot_native(cfg, tokenizer=tok, device=device, dtype=dtype,
                                                       model_name=model_name)
     bridge.load_state_dict(convert_tl_checkpoint(_tl_state(model), bridge.cfg), strict=True)
-    if tok is not None:
-        bridge.cfg.default_prepend_bos = True
     return bridge.eval()
 
 
