@@ -3,7 +3,7 @@
     python benchmarks/bench_transformer_lens.py [--repeats 10] [--threads 1]
 
 For the shipped 1- and 2-layer models: the same 32 x 128 tokens through ``model(tokens)`` and
-``model.run_with_cache(tokens)``, and through the equivalent TransformerLens ``HookedTransformer``
+``model.run_with_cache(tokens)``, and through the equivalent TransformerLens 4 ``TransformerBridge``
 (``attncircuits.models.interop.to_transformer_lens``) with ``tl_model(tokens)`` and
 ``tl_model.run_with_cache(tokens)``. The two are timed alternately, one call each in turn, so that
 a busy machine slows both alike; the table gives the best CPU time of each (with one thread, the

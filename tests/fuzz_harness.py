@@ -635,10 +635,10 @@ def targets() -> list[Target]:
                examples=4, check=lambda r: r.get_vocab_size() == 2048))
     add(Target("interop.to_transformer_lens", lambda model: interop.to_transformer_lens(model),
                {"model": [Val(model(1), True, "model=ours"), Val(None, False, "model=None", ("model",)),
-                          Val(_tl_model(), False, "model=HookedTransformer", ("model",)), Val(4, False, "model=4", ("model",))]},
+                          Val(_tl_model(), False, "model=TransformerBridge", ("model",)), Val(4, False, "model=4", ("model",))]},
                examples=4, check=lambda r: r.cfg.n_layers == 1))
     add(Target("interop.from_transformer_lens", lambda tl_model: interop.from_transformer_lens(tl_model),
-               {"tl_model": [Val(_tl_model(), True, "tl_model=HookedTransformer"), Val(None, False, "tl_model=None", ("tl_model",)),
+               {"tl_model": [Val(_tl_model(), True, "tl_model=TransformerBridge"), Val(None, False, "tl_model=None", ("tl_model",)),
                              Val(model(2), False, "tl_model=ours", ("tl_model",)), Val("gpt2", False, "tl_model='gpt2'", ("tl_model",))]},
                examples=4, check=lambda r: r.cfg.n_layers == 1))
     return T

@@ -190,7 +190,12 @@ def test_the_transformer_lens_cell_off_colab_names_the_install_command(tmp_path)
     blocked = subprocess.run([sys.executable, "-c", BLOCK_TL + cell], capture_output=True, text=True, env=env, timeout=120)
     assert blocked.returncode != 0
     assert "ModuleNotFoundError" in blocked.stderr and "`pip install -e '.[tl]'`" in blocked.stderr, blocked.stderr
-    assert '`%pip install "transformer-lens>=3.9,<4"`' in blocked.stderr, blocked.stderr  # no clone needed
+    assert '`%pip install "transformer-lens>=4.3,<5"`' in blocked.stderr, blocked.stderr  # no clone needed
+    # a version outside the range (3.x, whose HookedTransformer 4.0 removed) stops it too, in one line
+    old = "import importlib.metadata as m; m.version = lambda name: '3.9.0'\n"
+    stale = subprocess.run([sys.executable, "-c", old + cell], capture_output=True, text=True, env=env, timeout=120)
+    last = stale.stderr.strip().splitlines()[-1]
+    assert stale.returncode != 0 and "too old" in last and "pip install -e '.[tl]'" in last, stale.stderr
     pytest.importorskip("transformer_lens")
     present = subprocess.run([sys.executable, "-c", cell], capture_output=True, text=True, env=env, timeout=120)
     assert present.returncode == 0, present.stderr

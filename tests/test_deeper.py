@@ -1,5 +1,5 @@
-"""Chapter 10's measures (attncircuits.analysis.deeper) on tiny TransformerLens models with LayerNorm and
-MLPs, each against an independent computation; loading such a model refuses bad input."""
+"""Chapter 10's measures (attncircuits.analysis.deeper) on tiny family members with LayerNorm, MLPs and
+biases, each against an independent computation; loading such a model refuses bad input."""
 
 import dataclasses
 import importlib.metadata
@@ -7,22 +7,16 @@ import importlib.metadata
 import pytest
 import torch
 
-tl = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'` (make test installs it)"
-)
-
 from attncircuits import load_checkpoint  # noqa: E402
 from attncircuits.analysis import deeper as D  # noqa: E402
 from attncircuits.analysis.circuits import composition_scores  # noqa: E402
 from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint  # noqa: E402
-from attncircuits.models import interop  # noqa: E402
 from attncircuits.models.parts import loss_fn  # noqa: E402
-from attncircuits.models.hooked import HookedConfig, course_hooked_class  # noqa: E402
+from attncircuits.models.transformer import ModelConfig  # noqa: E402
 from learner_copy import learner_copy  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
-
-SMALL = HookedConfig(n_layers=2, d_model=24, n_heads=3, d_head=8, d_mlp=48, n_ctx=20, d_vocab=53)
+SMALL = ModelConfig(n_layers=2, d_model=24, n_heads=3, d_head=8, d_mlp=48, n_ctx=20, d_vocab=53, layernorm=True,
+                    biases=True, positions="learned")
 
 
 def tiny(seed=0, cfg=SMALL):
@@ -32,9 +26,9 @@ def tiny(seed=0, cfg=SMALL):
     model = cfg.build()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("ln1.w", "ln2.w", "ln_final.w")):
+            if name.startswith("ln") and name.endswith(".w"):
                 p.copy_(1 + 0.5 * torch.rand_like(p))
-            elif name.startswith("blocks") and (".b_" in name or name.endswith(".b")) or name.endswith("ln_final.b"):
+            elif ".b_" in name or name.endswith(".b") or name == "b_U":
                 p.normal_(0, 0.3)
     return model.eval()
 
@@ -55,16 +49,17 @@ def test_folding_keeps_the_logits(model, tokens):
     assert (real.log_softmax(-1) - folded.log_softmax(-1)).abs().max() < 1e-4
 
 
-def test_fold_ln_into_gives_transformer_lens_folded_query_weights(model):
+def test_fold_ln_into_gives_the_folded_models_weights_up_to_centring(model):
     fm = model.folded()
     for layer in range(SMALL.n_layers):
-        block = model.blocks[layer]
-        for name in ("Q", "K", "V"):
-            W, b = getattr(block.attn, f"W_{name}"), getattr(block.attn, f"b_{name}")
-            W_f, b_f = D.fold_ln_into(block.ln1.w, block.ln1.b, W, b)
-            assert torch.allclose(W_f, getattr(fm.blocks[layer].attn, f"W_{name}"), atol=1e-5)
-            if name != "V":  # TransformerLens moves the value bias on into b_O
-                assert torch.allclose(b_f, getattr(fm.blocks[layer].attn, f"b_{name}"), atol=1e-5)
+        block, ln = model.blocks[layer], model.ln_attn[layer]
+        for name in ("Q", "K"):
+            W, b = getattr(block, f"W_{name}"), getattr(block, f"b_{name}")
+            W_f, b_f = D.fold_ln_into(ln.w, ln.b, W, b)
+            # the folded model keeps the all-ones direction, which a LayerNorm's output never has
+            ours = getattr(fm.blocks[layer], f"W_{name}")
+            assert torch.allclose(W_f, ours - ours.mean(-2, keepdim=True), atol=1e-5)
+            assert torch.allclose(b_f, getattr(fm.blocks[layer], f"b_{name}"), atol=1e-5)
 
 
 def test_fold_ln_into_is_the_layer_norm_then_the_weight():
@@ -88,16 +83,15 @@ def test_frozen_ln_sums_to_the_layer_norm_and_matches_transformer_lens(model, to
     assert torch.allclose(D.frozen_ln(parts, resid).sum(0), x_hat, atol=1e-5)
     fm = model.folded()
     with torch.no_grad():
-        _, cache = fm.run_with_cache(tokens)
-        stack = cache.decompose_resid(layer=-1, return_labels=False)
-        ours = D.frozen_ln(stack, cache["resid_post", SMALL.n_layers - 1])
-        theirs = cache.apply_ln_to_stack(stack, layer=-1)
-    assert torch.allclose(ours, theirs, atol=1e-5)
+        stack, _, resid = D.writers(fm, tokens)
+        assert torch.allclose(stack.sum(0), resid, atol=1e-4)
+        # through the final LayerNorm (gain folded away): the frozen-scale parts sum to its output
+        assert torch.allclose(D.frozen_ln(stack, resid).sum(0), fm.ln_final(resid), atol=1e-4)
 
 
-@pytest.mark.parametrize("positions", ["standard", "shortformer"])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal-qk"])
 def test_logit_shares_sum_to_the_correct_tokens_logit(positions, tokens):
-    model = tiny(cfg=dataclasses.replace(SMALL, positional_embedding_type=positions))
+    model = tiny(cfg=dataclasses.replace(SMALL, positions=positions))
     shares = D.logit_shares(model, tokens)
     with torch.no_grad():
         logits = model(tokens)[:, :-1]
@@ -106,7 +100,7 @@ def test_logit_shares_sum_to_the_correct_tokens_logit(positions, tokens):
     assert abs(shares.logit - real) < 1e-3 * max(1.0, abs(real))
     assert abs(float(shares.contributions.sum()) - shares.logit) < 1e-4
     n_heads = SMALL.n_layers * SMALL.n_heads
-    assert len(shares.labels) == (positions == "standard") + 1 + n_heads + SMALL.n_layers + 2
+    assert len(shares.labels) == (positions == "learned") + 1 + n_heads + SMALL.n_layers + 2
     total = shares.direct() + shares.heads() + shares.group("mlp") + shares.share("bias") + shares.share("b_U")
     assert abs(total - 1) < 1e-4
 
@@ -117,9 +111,8 @@ def test_attention_only_gap(model, tokens):
         real = loss_fn(model(tokens), tokens).item()
     assert abs(gap.loss - real) < 1e-4 and gap.reconstruction_error < 1e-3
     assert gap.logit_error > 0.01  # random MLPs write to the logits: dropping them changes something
-    attn_only = course_hooked_class()(tl.HookedTransformerConfig(
-        n_layers=1, d_model=16, d_head=4, n_heads=4, n_ctx=8, d_vocab=20, attn_only=True,
-        normalization_type="LN", positional_embedding_type="standard", device="cpu", seed=0))
+    attn_only = tiny(cfg=ModelConfig(n_layers=1, d_model=16, d_head=4, n_heads=4, n_ctx=8, d_vocab=20,
+                                     layernorm=True, biases=True, positions="learned"))
     toks = torch.randint(0, 20, (2, 8))
     none = D.attention_only_gap(attn_only, toks)  # nothing to drop: the expansion is exact
     assert none.logit_error < 1e-4 and abs(none.loss_attention_only - none.loss) < 1e-4
@@ -161,25 +154,25 @@ def test_composition_scores_refuse_a_reader_below_the_writer(model):
     assert scores.k.shape == (SMALL.n_heads, SMALL.n_heads) and ((scores.k >= 0) & (scores.k <= 1)).all()
 
 
-def test_mean_ablation_hooks_replace_z(model, tokens):
+def test_mean_ablation_writes_the_mean_z_through_w_o(model, tokens):
     means = D.mean_z(model, tokens)
-    seen = {}
-    hooks = D.head_ablation_hooks(model, [(1, 2)], means)
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks + [("blocks.1.attn.hook_z", lambda z, hook: seen.update(z=z.clone()))]):
-        model(tokens)
-    assert torch.allclose(seen["z"][:, :, 2], means[1][2].expand_as(seen["z"][:, :, 2]))
-    with torch.no_grad(), model.hooks(fwd_hooks=D.head_ablation_hooks(model, [(0, 0)])):
-        ablated = model(tokens)
-    assert not torch.allclose(ablated, model(tokens).detach())
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, ablate=D.head_ablation(model, [(1, 2)], means))
+        expected = means[1][2] @ model.W_O[1, 2]
+        assert torch.allclose(cache.head_out[1][:, :, 2], expected.expand_as(cache.head_out[1][:, :, 2]), atol=1e-6)
+        ablated = model(tokens, ablate=D.head_ablation(model, [(0, 0)]))
+        assert not torch.allclose(ablated, model(tokens))
 
 
-def test_the_attention_only_conversion_refuses_this_model_naming_its_parts(model):
-    with pytest.raises(interop.UnsupportedModelError, match="MLPs") as err:
-        interop.from_transformer_lens(model)
-    assert "LayerNorm" in str(err.value)
+def test_the_path_expansion_refuses_this_model_naming_its_parts(model):
+    from attncircuits.models.interface import PATH_EXPANSION, require
+
+    with pytest.raises(ValueError, match="needs positions=.*this model has positions=.learned."):
+        require(model, "the path expansion", **PATH_EXPANSION)
 
 
-SAVED = HookedConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, n_ctx=12)  # the course's vocabulary
+SAVED = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, n_ctx=12, layernorm=True,
+                    biases=True)  # the course's vocabulary
 
 
 @pytest.fixture()
@@ -193,18 +186,12 @@ def test_a_saved_model_loads_back(saved, tokens):
         assert (loaded(tokens[:, :12]) - tiny(cfg=SAVED)(tokens[:, :12])).abs().max() < 0.05  # stored as float16
 
 
-def test_loading_without_transformer_lens_or_with_4x_names_the_install(saved, monkeypatch):
+def test_loading_needs_no_transformer_lens(saved, monkeypatch):
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    with pytest.raises(ImportError, match=r"^TransformerLens is not installed; .*pip install -e '\.\[tl\]'") as err:
-        load_checkpoint(saved)
-    assert "\n" not in str(err.value)
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.1.0")
-    with pytest.raises(ImportError, match=r"needs 3\.x.*TransformerBridge.*transformer-lens>=3\.9,<4") as err:
-        load_checkpoint(saved)
-    assert "\n" not in str(err.value)
+    assert load_checkpoint(saved).model.cfg == SAVED
 
 
 def test_a_corrupted_weights_file_gives_the_manifest_error(saved):

@@ -1,4 +1,4 @@
-"""Our models in TransformerLens: same log-probs, exact round trip, its tools give our numbers, refusals."""
+"""Our models in TransformerLens 4: same log-probs, exact round trip, its tools give our numbers, refusals."""
 
 import importlib.metadata
 import subprocess
@@ -20,20 +20,22 @@ tl = pytest.importorskip(
 )
 from attncircuits.models.interop import from_transformer_lens, to_transformer_lens  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
-
 LOGPROB_TOL = 1e-4  # float32 logits of two implementations of one sum; measured about 2e-5
 
 
-def random_model(n_layers, seed=0):
+def random_model(n_layers, seed=0, **family):
     torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=61, n_ctx=24)
-    return Transformer(cfg).eval()
+    cfg = ModelConfig(n_layers=n_layers, d_model=32, n_heads=4, d_head=8, d_vocab=61, n_ctx=24, **family)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # gains and biases away from their initial 1 and 0
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
 
 
 @pytest.fixture(scope="module")
 def shipped():
-    return {name: load_pretrained(name) for name in MODEL_NAMES}
+    return {name: load_pretrained(name) for name in MODEL_NAMES + ("ln-mlp-4l",)}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def max_logprob_diff(model, tl_model, tokens):
         return (model(tokens).log_softmax(-1) - tl_model(tokens).log_softmax(-1)).abs().max().item()
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", MODEL_NAMES + ("ln-mlp-4l",))
 def test_shipped_models_give_the_same_log_probs(shipped, name):
     model = shipped[name].model
     tokens = validation_windows(n_ctx=model.cfg.n_ctx)[:8]
@@ -70,27 +72,45 @@ def test_random_models_give_the_same_log_probs_and_round_trip_exactly(n_layers):
     assert max_logprob_diff(back, tl_model, tokens) < LOGPROB_TOL
 
 
-def test_round_trip_of_a_shipped_model_is_exact(shipped):
-    model = shipped["attn-only-2l"].model
+@pytest.mark.parametrize("name", ["attn-only-2l", "ln-mlp-4l"])
+def test_round_trip_of_a_shipped_model_is_exact(shipped, name):
+    model = shipped[name].model
     back = from_transformer_lens(to_transformer_lens(model))
+    assert back.cfg == model.cfg and model.state_dict().keys() == back.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
+@pytest.mark.parametrize("family", [
+    dict(positions="rotary"), dict(positions="learned"), dict(positions="none"),
+    dict(layernorm=True, d_mlp=48), dict(layernorm=True, d_mlp=48, positions="rotary", act_fn="relu"),
+    dict(layernorm=True, d_mlp=48, positions="learned", biases=True),
+])
+def test_family_members_give_the_same_log_probs_and_round_trip_exactly(family):
+    model = random_model(2, seed=3, **family)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, model.cfg.n_ctx), generator=torch.Generator().manual_seed(2))
+    tl_model = to_transformer_lens(model)
+    assert max_logprob_diff(model, tl_model, tokens) < LOGPROB_TOL
+    back = from_transformer_lens(tl_model)
+    assert back.cfg == model.cfg
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
 
 
 def test_attention_cache_equals_ours(two_layer):
     model, tl_model = two_layer
     tokens = validation_windows(n_ctx=model.cfg.n_ctx)[:4]
-    tl_model.set_use_attn_result(True)  # per-head outputs in the cache, as ours has them
-    try:
-        _, tl_cache = tl_model.run_with_cache(tokens)
-    finally:
-        tl_model.set_use_attn_result(False)
+    _, tl_cache = tl_model.run_with_cache(tokens)
     _, cache = model.run_with_cache(tokens)
+    # hook_result never fires in 4.x: the per-head outputs are computed from the cache
+    results, labels = tl_cache.stack_head_results(layer=model.cfg.n_layers, return_labels=True)
+    assert labels[:2] == ["L0H0", "L0H1"]
     for l in range(model.cfg.n_layers):
         torch.testing.assert_close(tl_cache["pattern", l], cache.pattern[l], atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(tl_cache["attn_scores", l], cache.attn_scores[l], atol=1e-4, rtol=1e-4)
+        # 4.x's hook_attn_scores holds the pattern, after the softmax (3.x's held the scores before it)
+        torch.testing.assert_close(tl_cache["attn_scores", l], cache.pattern[l], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(tl_cache["v", l], cache.v[l], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(tl_cache["z", l], cache.z[l], atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(tl_cache["result", l], cache.head_out[l], atol=1e-4, rtol=1e-4)
+        per_head = results[l * model.cfg.n_heads : (l + 1) * model.cfg.n_heads].permute(1, 2, 0, 3)
+        torch.testing.assert_close(per_head, cache.head_out[l], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(tl_cache["resid_pre", l], cache.resid[l], atol=1e-4, rtol=1e-4)
 
 
@@ -159,14 +179,21 @@ def test_hooks_reproduce_our_zero_ablation(two_layer):
 # ---- refusals -------------------------------------------------------------------------------------
 def tl_config(**overrides):
     cfg = dict(n_layers=1, d_model=16, d_head=4, n_heads=4, n_ctx=8, d_vocab=20, attn_only=True,
-               normalization_type=None, positional_embedding_type="shortformer", device="cpu", seed=0)  # fmt: skip
+               normalization_type=None, positional_embedding_type="standard", seed=0)  # fmt: skip
     cfg.update(overrides)
-    return tl.HookedTransformer(tl.HookedTransformerConfig(**cfg))
+    return tl.TransformerBridge.boot_native(tl.TransformerBridgeConfig(**cfg))
 
 
-def test_a_plain_tl_model_converts():
-    tl_model = tl_config()
+@pytest.mark.parametrize("overrides", [dict(), dict(attn_only=False, d_mlp=32, normalization_type="LN", act_fn="relu"),
+                                       dict(positional_embedding_type="rotary", rotary_dim=4)])
+def test_a_native_tl_model_converts_with_its_biases(overrides):
+    tl_model = tl_config(**overrides)
+    assert not from_transformer_lens(tl_model).cfg.biases  # boot_native's biases start at zero
+    state = tl_model.state_dict()
+    state["blocks.0.attn.q.bias"] = torch.full_like(state["blocks.0.attn.q.bias"], 0.5)
+    tl_model.load_state_dict(state)
     model = from_transformer_lens(tl_model)
+    assert model.cfg.biases and model.b_Q.eq(0.5).all()
     tokens = torch.randint(0, 20, (2, 8))
     assert max_logprob_diff(model, tl_model, tokens) < LOGPROB_TOL
 
@@ -174,13 +201,15 @@ def test_a_plain_tl_model_converts():
 @pytest.mark.parametrize(
     "overrides, part",
     [
-        (dict(normalization_type="LN"), "LayerNorm"),
-        (dict(normalization_type="RMS"), "LayerNorm"),
-        (dict(attn_only=False, act_fn="gelu", d_mlp=32), "MLPs"),
-        (dict(positional_embedding_type="standard"), "positions in the residual stream"),
-        (dict(positional_embedding_type="rotary"), "rotary positions"),
+        (dict(normalization_type="RMS"), "another normalisation"),
+        (dict(normalization_type="LNPre"), "another normalisation"),
+        (dict(attn_only=False, d_mlp=32, gated_mlp=True, act_fn="silu"), "gated MLPs"),
+        (dict(attn_only=False, d_mlp=32, act_fn="gelu_new"), "another MLP activation"),
+        (dict(n_key_value_heads=2), "grouped keys and values"),
+        (dict(positional_embedding_type="rotary", rotary_dim=2), "another rotary layout"),
         (dict(attention_dir="bidirectional"), "bidirectional attention"),
-        (dict(use_attn_scale=False), "attention scale"),
+        (dict(attn_scale=3.0), "attention scale"),
+        (dict(output_logits_soft_cap=30.0), "soft-capped logits"),
     ],
 )
 def test_refuses_what_it_cannot_represent(overrides, part):
@@ -188,12 +217,11 @@ def test_refuses_what_it_cannot_represent(overrides, part):
         from_transformer_lens(tl_config(**overrides))
 
 
-def test_refuses_non_zero_biases():
-    tl_model = tl_config()
-    with torch.no_grad():
-        tl_model.blocks[0].attn.b_Q[1, 2] = 0.5
-    with pytest.raises(interop.UnsupportedModelError, match=r"non-zero biases: blocks\.0\.attn\.b_Q"):
-        from_transformer_lens(tl_model)
+def test_refuses_what_is_not_a_bridge():
+    with pytest.raises(TypeError, match="TransformerBridge"):
+        from_transformer_lens(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="already one of our Transformer"):
+        from_transformer_lens(random_model(1))
 
 
 def test_missing_or_wrong_transformer_lens_says_what_to_install(monkeypatch):
@@ -203,9 +231,13 @@ def test_missing_or_wrong_transformer_lens_says_what_to_install(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[tl\]'"):
         to_transformer_lens(random_model(1))
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.1.0")
-    with pytest.raises(ImportError, match=r"needs 3\.x.*TransformerBridge.*transformer-lens>=3\.9,<4"):
-        from_transformer_lens(tl_config())
+    for old in ("3.9.0", "4.2.1"):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=old: v)
+        with pytest.raises(ImportError, match=r"too old.*TransformerBridge.*pip install 'transformer-lens>=4\.3,<5'"):
+            from_transformer_lens(tl_config())
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.0.0")
+    with pytest.raises(ImportError, match=r"transformer-lens>=4\.3,<5"):
+        to_transformer_lens(random_model(1))
 
 
 def test_importing_the_package_does_not_import_transformer_lens():

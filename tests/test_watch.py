@@ -1,4 +1,4 @@
-"""HeadWatch, the training callback: in a plain loop around a TransformerLens model, against
+"""HeadWatch, the training callback: in a plain loop around a TransformerLens 4 model, against
 TransformerLens's own forward pass, on the shipped model's induction heads, and its refusals."""
 
 import re
@@ -13,14 +13,13 @@ from attncircuits.models.transformer import ModelConfig
 from attncircuits.train.watch import PROBE, HeadWatch
 
 tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'`")
-pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
 
 
 def tl_model(seed=0):
-    cfg = tl.HookedTransformerConfig(n_layers=2, d_model=32, d_head=8, n_heads=4, n_ctx=33, d_vocab=50,
+    cfg = tl.TransformerBridgeConfig(n_layers=2, d_model=32, d_head=8, n_heads=4, n_ctx=33, d_vocab=50,
                                      attn_only=True, normalization_type=None,
-                                     positional_embedding_type="standard", device="cpu", seed=seed)
-    return tl.HookedTransformer(cfg)
+                                     positional_embedding_type="standard", seed=seed)
+    return tl.TransformerBridge.boot_native(cfg)
 
 
 def test_in_a_plain_training_loop_around_a_transformer_lens_model(capsys):
@@ -41,6 +40,11 @@ def test_in_a_plain_training_loop_around_a_transformer_lens_model(capsys):
     assert re.search(r"prefix-match \d\.\d\d \(head \d\.\d\)", out[0])  # a head's name reads as one
     with pytest.raises(ValueError, match="unknown detectors"):
         HeadWatch(model, detectors=("induction",))
+    gated = tl.TransformerBridge.boot_native(tl.TransformerBridgeConfig(
+        n_layers=1, d_model=16, d_head=4, n_heads=4, n_ctx=17, d_vocab=20, attn_only=False, d_mlp=32, gated_mlp=True,
+        act_fn="silu", normalization_type="RMS", seed=0))
+    with pytest.raises(ValueError, match="gated MLPs"):  # what the family cannot represent, by name
+        HeadWatch(gated)
     assert "no phase change" in watch.report() or "phase change at step" in watch.report()
 
 
@@ -97,5 +101,5 @@ def test_a_model_without_attention_or_a_context_too_short_is_refused():
         HeadWatch(ModelConfig(n_layers=0, d_model=16, n_heads=2, d_vocab=20, n_ctx=16).build())
     with pytest.raises(ValueError, match="holds no 4 copies"):
         HeadWatch(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=6).build())
-    with pytest.raises(TypeError, match="HookedTransformer"):
+    with pytest.raises(TypeError, match="course model or a TransformerLens TransformerBridge"):
         HeadWatch(torch.nn.Linear(2, 2))

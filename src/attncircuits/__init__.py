@@ -11,9 +11,9 @@ back up (``tests/layout.py`` holds the package to this; ``python tests/layout.py
 ``data``             corpus, tokenizer, batches, repeated random tokens
 ``models/``          one interface for every model (``interface``); the family as configuration
                      (``config``), built by one class (``transformer``: with the default config
-                     the framework's exact object) from ``parts``; chapter 10's TransformerLens
-                     model (``hooked``); smeared keys, hand-written weights; the TransformerLens
-                     bridge (``interop``)
+                     the framework's exact object) from ``parts``; chapter 10's checkpoint read
+                     as a member (``hooked``); smeared keys, hand-written weights; the
+                     TransformerLens 4 bridge (``interop``, ``tl_native``)
 ``checkpoints/``     the model set in use, loading, saving and verifying checkpoints and the
                      corpus files; the shipped weights in ``checkpoints/shipped/``
 ``analysis/``        reads a model, draws nothing: ``circuits/`` from **weights** (factored

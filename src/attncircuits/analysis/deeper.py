@@ -7,12 +7,13 @@ The course's detectors (:mod:`attncircuits.analysis.scores`) and composition sco
 model interface: LayerNorm is folded into the weights that read the residual stream
 (``model.folded()``) before any weight is read. Where the logits are split into paths, the final
 LayerNorm's scale is frozen at its real value, as TransformerLens's ``decompose_resid`` does: the
-only sense in which a model with LayerNorm is a sum of paths.
+only sense in which a model with LayerNorm is a sum of paths. Chapter 10's model is a member of the
+family (LayerNorm, MLPs, biases), so all of this reads the course's own cache; TransformerLens 4
+appears only for its head detector, on the model's bridge (:func:`with_tokenizer`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,57 +24,54 @@ from attncircuits.core import validate
 from attncircuits.core.heads import head_name
 from attncircuits.models.parts import loss_fn
 from attncircuits.models.hooked import require_transformer_lens
-from attncircuits.models.interop import wrap_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from transformer_lens import HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
 
 
-def with_tokenizer(model, tokenizer) -> "HookedTransformer":
-    """``model`` with ``tokenizer`` attached (in place), so TransformerLens's string methods and
-    head detector take text; returns the model."""
-    model.set_tokenizer(wrap_tokenizer(tokenizer), default_padding_side="right")
-    return model
+def with_tokenizer(model, tokenizer) -> "TransformerBridge":
+    """``model`` in TransformerLens 4 (a ``TransformerBridge``, chapter 9) with ``tokenizer``
+    attached, so TransformerLens's string methods and head detector take text."""
+    from attncircuits.models.interop import to_transformer_lens
+
+    return to_transformer_lens(model, tokenizer=tokenizer)
 
 
-def detector_scores(model, texts: list[str], kind: str) -> torch.Tensor:
+def detector_scores(tl_model, texts: list[str], kind: str) -> torch.Tensor:
     """TransformerLens's head detector (``detect_head``) averaged over ``texts``, ``[layer, head]``:
-    ``kind`` is ``"previous_token_head"`` or ``"induction_head"``. The model needs a tokenizer
-    (:func:`with_tokenizer`); each text must fit the context."""
+    ``kind`` is ``"previous_token_head"`` or ``"induction_head"``. ``tl_model`` is a bridge with a
+    tokenizer (:func:`with_tokenizer`); each text must fit the context."""
     require_transformer_lens()
     from transformer_lens.head_detector import detect_head
 
     if kind not in ("previous_token_head", "induction_head", "duplicate_token_head"):
         raise ValueError(f"kind must be 'previous_token_head', 'induction_head' or 'duplicate_token_head', got {kind!r}")
-    if getattr(model, "tokenizer", None) is None:
-        raise ValueError("the model has no tokenizer: attach one first with with_tokenizer(model, tokenizer)")
-    return torch.stack([detect_head(model, text, kind) for text in texts]).mean(0)
+    if getattr(tl_model, "tokenizer", None) is None:
+        raise ValueError("the model has no tokenizer: give the bridge with_tokenizer(model, tokenizer) returns")
+    return torch.stack([detect_head(tl_model, text, kind) for text in texts]).mean(0)
 
 
-def head_ablation_hooks(model, heads, means: dict[int, torch.Tensor] | None = None) -> list:
-    """Forward hooks that remove ``heads`` (``(layer, head)`` pairs): each head's ``z`` (its value
-    mix before ``W_O``) is replaced by ``means[layer][head]`` (mean ablation) or zero. Use with
-    ``with model.hooks(fwd_hooks=...):`` around any of the course's measures."""
+def head_ablation(model, heads, means: dict[int, torch.Tensor] | None = None) -> dict:
+    """The ``ablate=`` argument that removes ``heads`` (``(layer, head)`` pairs): each head's output
+    is replaced by what its mean ``z`` (``means[layer][head]``, :func:`mean_z`) writes through its
+    ``W_O`` (mean ablation), or by zero. Pass it to the model, or to ``Q.measure(..., ablate=...)``."""
     heads = validate.heads(model, heads)
-    by_layer: dict[int, list[int]] = {}
+    out = {}
     for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-
-    def hook_for(layer, hs):
-        def hook(z, hook):
-            z[:, :, hs] = 0.0 if means is None else means[layer][hs].to(z.dtype)
-            return z
-        return hook
-
-    return [(f"blocks.{layer}.attn.hook_z", hook_for(layer, hs)) for layer, hs in by_layer.items()]
+        if means is None:
+            out[(layer, head)] = 0.0
+        else:
+            written = means[layer][head] @ model.W_O[layer, head]  # [d_model]
+            out[(layer, head)] = lambda old, w=written: w.to(old).expand_as(old)
+    return out
 
 
 @torch.no_grad()
 def mean_z(model, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
     """Every head's mean ``z`` over ``tokens`` (rows and positions), ``{layer: [head, d_head]}``:
     what mean ablation puts in a removed head's place."""
-    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))
-    return {layer: cache["z", layer].mean(dim=(0, 1)) for layer in range(model.cfg.n_layers)}
+    _, cache = model.run_with_cache(tokens)
+    return {layer: z.mean(dim=(0, 1)) for layer, z in enumerate(cache.z)}
 
 
 @dataclass
@@ -125,24 +123,38 @@ def fold_ln_into(w_ln: torch.Tensor, b_ln: torch.Tensor, W: torch.Tensor, b: tor
     return W_folded - W_folded.mean(-2, keepdim=True), b_folded
 
 
-def _components(fm, tokens: torch.Tensor):
-    """The final residual stream of a folded model split into its writers, each through the final
-    LayerNorm with the scale frozen (``[comp, batch, pos, d_model]``), and their labels."""
+def writers(fm, tokens: torch.Tensor):
+    """The final residual stream of ``fm`` split into its writers, ``([comp, batch, pos, d_model],
+    labels, resid)``: the token embedding (and the positions where they are in the stream), each
+    head without ``b_O`` (a folded model's value biases are in it), each MLP, and the layers' ``b_O``
+    as one "bias"; the components sum to ``resid``."""
     _, cache = fm.run_with_cache(tokens)
-    heads, head_labels = cache.stack_head_results(layer=-1, return_labels=True)  # [comp, batch, pos, d_model]
-    n = fm.cfg.n_layers
-    mlps = torch.stack([cache["mlp_out", l] for l in range(n)]) if not fm.cfg.attn_only else heads[:0]
-    # each MLP's output includes its b_out; the heads' results leave out b_O (with b_V folded in)
-    bias = sum(fm.blocks[l].attn.b_O for l in range(n)).expand_as(cache["embed"])
-    # positions reach the residual stream only in "standard" models ("shortformer": queries and keys)
-    direct = [("embed", cache["embed"])]
-    if fm.cfg.positional_embedding_type == "standard":
-        direct.append(("pos", cache["pos_embed"]))
+    c = fm.cfg
+    embed = fm.W_E[tokens]
+    heads = torch.cat([out.permute(2, 0, 1, 3) for out in cache.head_out]) if c.n_layers else embed[None, :0]
+    head_labels = [head_name(l, h) for l in range(c.n_layers) for h in range(c.n_heads)]
+    mlps = torch.stack(cache.mlp_out) if c.d_mlp and c.n_layers else heads[:0]
+    bias = (fm.b_O.sum(0) if c.biases and c.n_layers else torch.zeros(c.d_model)).expand_as(embed)
+    # positions reach the residual stream only where they are learned (else queries and keys, or none)
+    direct = [("embed", embed)]
+    if c.positions == "learned":
+        direct.append(("pos", fm.W_pos[: tokens.shape[1]].expand_as(embed)))
     stack = torch.cat([torch.stack([d for _, d in direct]), heads, mlps, bias[None]])
-    labels = [name for name, _ in direct] + [head_name(*map(int, re.findall(r"\d+", lab))) for lab in head_labels]
-    labels += [f"mlp {l}" for l in range(len(mlps))] + ["bias"]
-    eps = fm.ln_final.eps if hasattr(fm.ln_final, "eps") else fm.cfg.eps
-    return frozen_ln(stack, cache["resid_post", n - 1], eps), labels
+    labels = [name for name, _ in direct] + head_labels + [f"mlp {l}" for l in range(len(mlps))] + ["bias"]
+    return stack, labels, cache.resid[-1]
+
+
+def _components(fm, tokens: torch.Tensor):
+    """:func:`writers`, each through the final LayerNorm with the scale frozen, and their labels."""
+    stack, labels, resid = writers(fm, tokens)
+    return frozen_ln(stack, resid, fm.ln_final.eps), labels
+
+
+def _unembedding(fm):
+    """``W_U`` and ``b_U`` centred over the vocabulary (which changes no probability): logits
+    measured from their mean, as TransformerLens's ``center_unembed`` gives them."""
+    b_U = fm.b_U if fm.b_U is not None else torch.zeros(fm.cfg.d_vocab)
+    return fm.W_U - fm.W_U.mean(-1, keepdim=True), b_U - b_U.mean()
 
 
 @torch.no_grad()
@@ -156,9 +168,10 @@ def logit_shares(model, tokens: torch.Tensor) -> LogitShares:
     tokens = validate.tokens(fm, tokens, 2, "a next-token logit (a token to predict)")
     scaled, labels = _components(fm, tokens)
     scaled = scaled[:, :, :-1]  # [comp, batch, pos-1, d_model]: positions with a next token
-    directions = fm.W_U[:, tokens[:, 1:]]  # [d_model, batch, pos-1]
+    W_U, b_U = _unembedding(fm)
+    directions = W_U[:, tokens[:, 1:]]  # [d_model, batch, pos-1]
     contrib = einsum(scaled, directions, "c b p d, d b p -> c b p").mean(dim=(1, 2))
-    b_U = fm.b_U[tokens[:, 1:]].mean()
+    b_U = b_U[tokens[:, 1:]].mean()
     return LogitShares(labels + ["b_U"], torch.cat([contrib, b_U[None]]), float(contrib.sum() + b_U))
 
 
@@ -184,8 +197,10 @@ def attention_only_gap(model, tokens: torch.Tensor) -> ExpansionGap:
     scaled, labels = _components(fm, tokens)
     keep = torch.tensor([not lab.startswith("mlp") for lab in labels])
     direct = torch.tensor([lab in ("embed", "pos", "bias") for lab in labels])  # and the biases
+    W_U, b_U = _unembedding(fm)
     real = fm(tokens)
-    logits = {name: scaled[mask].sum(0) @ fm.W_U + fm.b_U for name, mask in
+    real = real - real.mean(-1, keepdim=True)  # logits from their mean, as the terms measure them
+    logits = {name: scaled[mask].sum(0) @ W_U + b_U for name, mask in
               (("all", torch.ones_like(keep)), ("attn", keep), ("direct", direct))}
     centred = real - real.mean(-1, keepdim=True)
     error = ((logits["attn"] - real) - (logits["attn"] - real).mean(-1, keepdim=True)).abs().mean() / centred.abs().mean()

@@ -42,7 +42,7 @@ from attncircuits.models.transformer import Transformer
 PRETRAINED_DIR = modelset.SHIPPED_DIR
 CORPUS_DIR = PRETRAINED_DIR / "corpus"
 MODEL_NAMES = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
-#: chapter 10's model: LayerNorm and MLPs, a TransformerLens HookedTransformer (the ``tl`` extra)
+#: chapter 10's model: LayerNorm, MLPs and biases, a member of the family (models.hooked)
 DEEPER_MODEL_NAMES = ("ln-mlp-4l",)
 
 
@@ -201,7 +201,7 @@ class Checkpoint:
         if not (self.directory / rel).is_file():
             raise FileNotFoundError(f"no snapshot at step {step}; available steps: {self.snapshot_steps}")
         path = verify_file(self.directory, rel) if self.verified else self.directory / rel
-        return _build(self.model.course_config(), path, self.model.W_E.device)
+        return _build(self.model.course_config(), path, self.model.W_E.device, hooked.is_legacy(self.config["model"]))
 
 
 #: the dtypes a checkpoint's weights may have (loaded as float32)
@@ -242,8 +242,14 @@ def read_weights(weights: Path, expected: dict[str, tuple]) -> dict:
     return sd
 
 
-def _build(cfg, weights: Path, device):
-    sd = read_weights(weights, expected_shapes(cfg))
+def _build(cfg, weights: Path, device, legacy: bool = False):
+    expected = expected_shapes(cfg)
+    if legacy:  # chapter 10's checkpoint: TransformerLens 3.x's names, the same tensors
+        names = hooked.legacy_names(cfg)
+        sd = read_weights(weights, {names[k]: shape for k, shape in expected.items()})
+        sd = {ours: sd[theirs] for ours, theirs in names.items() if theirs in sd}
+    else:
+        sd = read_weights(weights, expected)
     model = cfg.build()
     model.load_weights({k: v.float() for k, v in sd.items()})
     return model.to(device).eval()
@@ -278,7 +284,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
     if "tokenizer_sha256" in config and tok_path.is_file() and sha256(tok_path) != config["tokenizer_sha256"]:
         raise ValueError(f"{tok_path} is not the tokenizer these weights were trained with (its SHA-256 differs from "
                          f"the one in {cfg_path}); restore the folder from git or retrain")
-    model = _build(model_cfg, directory / "model.safetensors", device)
+    model = _build(model_cfg, directory / "model.safetensors", device, hooked.is_legacy(config["model"]))
     tokenizer = load_tokenizer(tok_path)
     if tokenizer.get_vocab_size() != model.cfg.d_vocab:
         raise ValueError(f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model d_vocab={model.cfg.d_vocab}")

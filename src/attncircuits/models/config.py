@@ -10,6 +10,9 @@ paths. The other fields open the family Olsson et al. (2022) trained, and more:
 ``d_mlp``           0: attention only; otherwise a GELU (or ReLU, ``act_fn``) MLP of that width
                     after the attention of every layer
 ``layernorm``       a LayerNorm (gain, no bias) before every attention, MLP and the unembedding
+``biases``          biases in the attention (``b_Q, b_K, b_V, b_O``), the LayerNorms (``b``)
+                    and the unembedding (``b_U``), as TransformerLens's models have; False: none
+                    (the MLPs always have theirs)
 ``positions``       ``"sinusoidal-qk"`` fixed sinusoids added to the queries' and keys' inputs
                     only (the course's, "shortformer"); ``"learned"`` learned positions added
                     to the residual stream (GPT-2's); ``"rotary"`` queries and keys turned by
@@ -34,7 +37,7 @@ POSITIONS = {
 #: the MLPs' activations (``ModelConfig.act_fn``)
 ACT_FNS = ("gelu", "relu")
 #: the fields beyond the attention-only model's, with the values that make it
-FAMILY_DEFAULTS = {"positions": "sinusoidal-qk", "d_mlp": 0, "layernorm": False, "act_fn": "gelu"}
+FAMILY_DEFAULTS = {"positions": "sinusoidal-qk", "d_mlp": 0, "layernorm": False, "act_fn": "gelu", "biases": False}
 
 
 

@@ -17,8 +17,9 @@ Analysis code is written against this interface, never against a class. A model 
   ``W_K``, ``W_V``, ``W_O`` (stacked ``[layer, head, ...]``), ``W_U``;
 - ``weights()`` / ``load_weights(state)``: what a checkpoint stores.
 
-Two classes offer it: :class:`attncircuits.models.transformer.Transformer` (every member of the
-family) and chapter 10's TransformerLens model (:mod:`attncircuits.models.hooked`).
+One class offers it: :class:`attncircuits.models.transformer.Transformer`, every member of the
+family, chapter 10's model among them (:mod:`attncircuits.models.hooked`); a TransformerLens
+bridge is read as a member by :func:`attncircuits.models.interop.from_transformer_lens`.
 A measure that needs a kind of member (positions in the queries and keys, no LayerNorm) says so
 with :func:`require`, in one line, before it computes.
 """

@@ -131,20 +131,22 @@ def rotate(x: Float[Tensor, "batch head pos d_head"], sin: Tensor, cos: Tensor) 
 
 
 class LayerNorm(nn.Module):
-    """Centre, scale to unit root-mean-square, multiply by a learned gain ``w`` (no bias): the
-    residual stream's LayerNorm in the family's members that have one. Without a bias, folding the
-    gain into the weights that read the output is exact and needs no new biases
-    (:meth:`~attncircuits.models.transformer.Transformer.folded`)."""
+    """Centre, scale to unit root-mean-square, multiply by a learned gain ``w`` (and, in members
+    with ``biases``, add a learned bias ``b``): the residual stream's LayerNorm in the family's
+    members that have one. Without a bias, folding the gain into the weights that read the output
+    is exact and needs no new biases (:meth:`~attncircuits.models.transformer.Transformer.folded`)."""
 
-    def __init__(self, d_model: int, eps: float = 1e-5):
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = False):
         super().__init__()
         self.w = nn.Parameter(torch.ones(d_model))
+        self.b = nn.Parameter(torch.zeros(d_model)) if bias else None
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
         x = x - x.mean(-1, keepdim=True)
         scale = (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-        return x / scale * self.w
+        out = x / scale * self.w
+        return out if self.b is None else out + self.b
 
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}

@@ -56,6 +56,7 @@ class ModelConfig:
     d_mlp: int = 0  # 0: attention only
     layernorm: bool = False
     act_fn: str = "gelu"
+    biases: bool = False  # attention, LayerNorm and unembedding biases (chapter 10's model)
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "d_vocab", "n_ctx"):
@@ -76,8 +77,9 @@ class ModelConfig:
         if self.positions == "rotary" and self.d_head % 2:
             raise ValueError(f"ModelConfig.positions='rotary' turns pairs of dimensions, so d_head must be even, "
                              f"got d_head={self.d_head}")
-        if not isinstance(self.layernorm, bool):
-            raise ValueError(f"ModelConfig.layernorm must be True or False, got {self.layernorm!r}")
+        for name in ("layernorm", "biases"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.act_fn not in ACT_FNS:
             raise ValueError(f"ModelConfig.act_fn={self.act_fn!r} is not an activation the family has; "
                              f"use one of {', '.join(map(repr, ACT_FNS))}")
@@ -93,6 +95,8 @@ class ModelConfig:
         parts = [f"{self.n_layers} layer{'s' * (self.n_layers != 1)}",
                  "attention only" if self.attn_only else f"MLPs of {self.d_mlp}",
                  "LayerNorm" if self.layernorm else "no LayerNorm", f"{self.positions} positions"]
+        if self.biases:
+            parts.append("biases")
         return ", ".join(parts)
 
     def to_dict(self) -> dict:
@@ -122,6 +126,11 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
         self.W_V = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
         self.W_O = nn.Parameter(torch.randn(H, d, D) / math.sqrt(H * d))
+        if cfg.biases:  # TransformerLens's: per head for Q, K, V; one for the layer's output
+            self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.zeros(H, d)) for _ in range(3))
+            self.b_O = nn.Parameter(torch.zeros(D))
+        else:
+            self.b_Q = self.b_K = self.b_V = self.b_O = None
         # causal mask as a bias: -inf where a key comes after its query
         future = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1)
         bias = torch.zeros(cfg.n_ctx, cfg.n_ctx).masked_fill(future, float("-inf"))
@@ -137,6 +146,8 @@ class Attention(nn.Module):
         q = (qk_in @ self.W_Q.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
         k = (qk_in @ self.W_K.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
         v = (resid @ self.W_V.transpose(0, 1).flatten(1)).view(b, n, H, d_head)
+        if self.b_Q is not None:
+            q, k, v = q + self.b_Q, k + self.b_K, v + self.b_V
         q, k, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rotary is not None:  # queries and keys turned by their position
             q, k = rotate(q, *rotary), rotate(k, *rotary)
@@ -162,10 +173,9 @@ class Attention(nn.Module):
                 head_out[:, :, h] = new(old) if callable(new) else new.to(old)
         if cache is not None:
             cache.add_layer(scores, pattern, v, z, self.W_O, head_out)
-        if head_out is not None:
-            return head_out.sum(dim=2)
         # the sum over heads inside one matmul
-        return z.flatten(2) @ self.W_O.flatten(0, 1)
+        out = head_out.sum(dim=2) if head_out is not None else z.flatten(2) @ self.W_O.flatten(0, 1)
+        return out if self.b_O is None else out + self.b_O
 
 
 class Transformer(nn.Module):
@@ -193,10 +203,12 @@ class Transformer(nn.Module):
         if cfg.d_mlp:
             self.mlps = nn.ModuleList(MLP(cfg.d_model, cfg.d_mlp, cfg.act_fn) for _ in range(cfg.n_layers))
         if cfg.layernorm:
-            self.ln_attn = nn.ModuleList(LayerNorm(cfg.d_model) for _ in range(cfg.n_layers))
-            self.ln_mlp = nn.ModuleList(LayerNorm(cfg.d_model) for _ in range(cfg.n_layers if cfg.d_mlp else 0))
-            self.ln_final = LayerNorm(cfg.d_model)
+            ln = lambda: LayerNorm(cfg.d_model, bias=cfg.biases)  # noqa: E731
+            self.ln_attn = nn.ModuleList(ln() for _ in range(cfg.n_layers))
+            self.ln_mlp = nn.ModuleList(ln() for _ in range(cfg.n_layers if cfg.d_mlp else 0))
+            self.ln_final = ln()
         self.W_U = nn.Parameter(torch.randn(cfg.d_model, cfg.d_vocab) / math.sqrt(cfg.d_model))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if cfg.biases else None
 
     # Shortcuts with the paper's names: model.W_Q[layer] is [n_heads, d_model, d_head].
     def _stack(self, name: str, parts=None) -> Tensor:
@@ -291,7 +303,8 @@ class Transformer(nn.Module):
 
     def to_logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """The logits of a final residual stream (through the final LayerNorm, where there is one)."""
-        return unembed(self.ln_final(resid) if self.cfg.layernorm else resid, self.W_U)
+        logits = unembed(self.ln_final(resid) if self.cfg.layernorm else resid, self.W_U)
+        return logits if self.b_U is None else logits + self.b_U
 
     @torch.no_grad()
     def run_with_cache(self, tokens, **kwargs) -> tuple[Tensor, ActivationCache]:
@@ -311,23 +324,32 @@ class Transformer(nn.Module):
             return self
         out = copy.deepcopy(self)
         for layer, block in enumerate(out.blocks):
-            g = out.ln_attn[layer].w
-            for name in ("W_Q", "W_K", "W_V"):
-                getattr(block, name).mul_(g[:, None])
-            g.fill_(1.0)
+            _fold(out.ln_attn[layer], *((getattr(block, f"W_{n}"), getattr(block, f"b_{n}")) for n in "QKV"))
             block.W_O.sub_(block.W_O.mean(-1, keepdim=True))
+            if block.b_O is not None:  # the value biases reach the stream through W_O: one bias
+                block.b_O.add_(einsum(block.b_V, block.W_O, "h dh, h dh dm -> dm"))
+                block.b_O.sub_(block.b_O.mean())
+                block.b_V.zero_()
             if self.cfg.d_mlp:
-                mlp, g = out.mlps[layer], out.ln_mlp[layer].w
-                mlp.W_in.mul_(g[:, None])
-                g.fill_(1.0)
+                mlp = out.mlps[layer]
+                _fold(out.ln_mlp[layer], (mlp.W_in, mlp.b_in))
                 mlp.W_out.sub_(mlp.W_out.mean(-1, keepdim=True))
                 mlp.b_out.sub_(mlp.b_out.mean())
-        out.W_U.mul_(out.ln_final.w[:, None])
-        out.ln_final.w.fill_(1.0)
+        _fold(out.ln_final, (out.W_U, out.b_U))
         out.W_E.sub_(out.W_E.mean(-1, keepdim=True))
         if self.cfg.positions == "learned":
             out.W_pos.sub_(out.W_pos.mean(-1, keepdim=True))
         return out.eval()
+
+    b_Q = property(lambda self: self._bias("b_Q"))
+    b_K = property(lambda self: self._bias("b_K"))
+    b_V = property(lambda self: self._bias("b_V"))
+    b_O = property(lambda self: self._bias("b_O"))
+
+    def _bias(self, name: str) -> Tensor:
+        if not self.cfg.biases:
+            raise ValueError(f"this model has no biases (biases=False), so it has no {name}; build one with biases=True")
+        return self._stack(name)
 
     def weights(self) -> dict[str, Tensor]:
         """What a checkpoint stores: the state dict (the fixed sinusoids included, so a file is
@@ -340,3 +362,16 @@ class Transformer(nn.Module):
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _fold(ln: LayerNorm, *readers: tuple[Tensor, Tensor | None]) -> None:
+    """Fold LayerNorm ``ln`` into every weight ``W [..., d_model, d_out]`` that reads it, in place:
+    its bias into the reader's bias ``b`` (``b + b_ln W``, with the weight before scaling), then its
+    gain into ``W``'s rows; the LayerNorm is left with gain 1 and bias 0."""
+    for W, b in readers:
+        if ln.b is not None:
+            b.add_(einsum(ln.b, W, "dm, ... dm do -> ... do"))
+        W.mul_(ln.w[:, None])
+    if ln.b is not None:
+        ln.b.zero_()
+    ln.w.fill_(1.0)

@@ -32,7 +32,7 @@ from attncircuits.core import devices, durable, validate
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.parts import loss_fn
 from attncircuits.models.transformer import Transformer
-from attncircuits.models.hooked import HookedConfig  # noqa: F401  (HookedConfig: a train() model_cfg type)
+
 
 
 @dataclass

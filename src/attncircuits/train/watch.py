@@ -1,7 +1,7 @@
 """Watch your own model: a training callback that scores every head with the course's detectors and
 says when induction heads form.
 
-Works in any training loop, the course's or your own plain PyTorch or TransformerLens one::
+Works in any training loop, the course's or your own plain PyTorch or TransformerLens 4 one::
 
     watch = HeadWatch(model, every=100)
     for step in range(n_steps):
@@ -35,7 +35,6 @@ from attncircuits.analysis.circuits import composition_scores
 from attncircuits.analysis.scores import DETECTORS, Probe
 from attncircuits.core import validate
 from attncircuits.core.heads import Head, head_name
-from attncircuits.models.hooked import adopt
 from attncircuits.models.interface import features
 from attncircuits.show.plotting import figure_png, phase_change_plot
 
@@ -84,8 +83,17 @@ class HeadWatch:
 
     def __post_init__(self):
         if not hasattr(self.model, "course_config"):
-            self.model = adopt(self.model)
-        if features(self.model)["n_layers"] < 1:
+            from attncircuits.models.interop import from_transformer_lens
+
+            # a TransformerLens TransformerBridge: read at each scoring as the family member it is
+            # then (its weights copied); one it cannot represent is refused here, naming the part
+            self._read = from_transformer_lens
+            if type(self.model).__name__ != "TransformerBridge" and not hasattr(self.model, "original_model"):
+                raise TypeError("model must be a course model or a TransformerLens TransformerBridge, got "
+                                f"{type(self.model).__name__}")
+        else:
+            self._read = None
+        if features(self._scored())["n_layers"] < 1:
             raise ValueError("this model has no attention layers (n_layers=0), so it has no heads to watch; "
                              "give a model with at least one layer")
         self.every = validate.count(self.every, "every")
@@ -116,23 +124,28 @@ class HeadWatch:
             return None
         return self.score(step)
 
+    def _scored(self):
+        """The model the detectors read: the course's model itself, or a bridge's weights now."""
+        return self.model if self._read is None else self._read(self.model)
+
     @torch.no_grad()
     def score(self, step: int) -> dict:
         was_training = self.model.training
         self.model.eval()
         try:
+            model = self._scored()
             probe = Probe(self.text, self.seq_len, self.n_repeats, seed=0)
             names = [n for n in self.detectors if self.text is not None or not DETECTORS[n].needs_text]
-            row = {"step": int(step), **{n: DETECTORS[n].fn(self.model, probe).cpu() for n in names}}
+            row = {"step": int(step), **{n: DETECTORS[n].fn(model, probe).cpu() for n in names}}
+            self.rows.append(row)
+            if self.phase_change is None and float(row["prefix_matching"].max()) >= self.threshold:
+                self.phase_change = self._phase_change(row, model)
         finally:
             self.model.train(was_training)
-        self.rows.append(row)
-        if self.phase_change is None and float(row["prefix_matching"].max()) >= self.threshold:
-            self.phase_change = self._phase_change(row)
         self._show(row)
         return row
 
-    def _phase_change(self, row: dict) -> PhaseChange:
+    def _phase_change(self, row: dict, model) -> PhaseChange:
         pm = row["prefix_matching"]
         heads = sorted(((divmod(i, pm.shape[1]), float(v)) for i, v in enumerate(pm.flatten()) if v >= self.threshold),
                        key=lambda hs: -hs[1])
@@ -142,7 +155,7 @@ class HeadWatch:
                 continue
             if layer not in comps:  # one composition table per reader layer
                 below = layer - 1 if "previous_token" not in row else int(row["previous_token"][:layer].max(-1).values.argmax())
-                comps[layer] = composition_scores(self.model, below, layer, n_baseline=100)
+                comps[layer] = composition_scores(model, below, layer, n_baseline=100)
             comp = comps[layer]
             z = comp.z("k")[:, h]
             writers.append(((layer, h), (comp.writer_layer, int(z.argmax())), float(z.max())))

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from attncircuits.analysis.deeper import fold_ln_into, frozen_ln, loss_bump
+from attncircuits.analysis.deeper import fold_ln_into, frozen_ln, loss_bump, writers
 from attncircuits.course.exercises._core import (
     Case,
     Diagnosis,
@@ -51,10 +51,10 @@ def check_fold_ln_into(fn) -> bool:
     """Exercise 10.1: ``fn(w_ln, b_ln, W, b) -> (W_folded, b_folded)``; tuple items are named in
     messages."""
     model = shipped("ln-mlp-4l").model
-    block = model.blocks[1]
+    block, ln = model.blocks[1], model.ln_attn[1]
     cases = [
         Case("ln-mlp-4l, layer 1's LayerNorm into W_K",
-             tuple(t.detach().clone() for t in (block.ln1.w, block.ln1.b, block.attn.W_K, block.attn.b_K))),
+             tuple(t.detach().clone() for t in (ln.w, ln.b, block.W_K, block.b_K))),
         Case("random gain and bias, 3 heads of 5", _random_ln_case(1, 12, 3, 5), kind="random"),
     ]
 
@@ -137,10 +137,8 @@ def _shipped_stack() -> tuple[torch.Tensor, torch.Tensor]:
     and keys only), so the components sum to ``resid`` as the exercise says."""
     fm = shipped("ln-mlp-4l").model.folded()
     with torch.no_grad():
-        _, cache = fm.run_with_cache(random_tokens(fm.cfg.d_vocab, (2, 12)))
-        stack, labels = cache.decompose_resid(layer=-1, return_labels=True)
-    keep = [i for i, label in enumerate(labels) if label != "pos_embed" or fm.cfg.positional_embedding_type == "standard"]
-    return stack[keep], cache["resid_post", fm.cfg.n_layers - 1]
+        stack, _, resid = writers(fm, random_tokens(fm.cfg.d_vocab, (2, 12)))
+    return stack, resid
 
 
 def _sums_to_resid(components, resid) -> bool:
