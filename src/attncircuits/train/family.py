@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -209,6 +210,22 @@ def _worker(args):
         return name, "interrupted (its state is kept)"
 
 
+def _task(job_and_settings: tuple):
+    """A member as a task on a cluster node: the recipe of the command that started it, checked
+    against its results folder (the node must see it) and this node's code, then :func:`_worker`."""
+    job, settings = job_and_settings
+    globals().update(settings)
+    name, seed, out = job[:3]
+    id_file, host = out / "recipe.json", socket.gethostname()
+    if not id_file.is_file():
+        raise RuntimeError(f"node {host} does not see {out}: put the results folder on a filesystem every node "
+                           "mounts and name it with --out")
+    if json.loads(id_file.read_text()) != recipe_id(seed):
+        raise RuntimeError(f"node {host} builds other configs from the recipe than the command did: install the "
+                           "same version of the course on every node")
+    return _worker(job)
+
+
 def family_device(device: str | None = None) -> torch.device:
     """Where the members train: ``device`` checked (one line naming the devices this machine has),
     else a CUDA GPU where torch finds one, else the CPU (MPS only when asked: these small models
@@ -257,7 +274,8 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
               f"on {on}", flush=True)
         jobs = [(n, seed, out, streams, str(dev)) for n in todo]
         if pool:
-            done = pool.run(_worker, jobs, todo, gpu=dev.type == "cuda")
+            settings = {k: globals()[k] for k in ("RECIPE", "MEMBERS", "N_WINDOWS", "N_FINAL_WINDOWS")}
+            done = pool.run(_task, [(job, settings) for job in jobs], todo, gpu=dev.type == "cuda")
         elif processes == 1:  # here, one after the other
             done = map(_worker, jobs)
         else:  # side by side, one thread each: these small models use a core about as well as two
