@@ -111,6 +111,7 @@ def connect(address: str, num_cpus: int | None = None) -> Cluster:
     """Connect to the Ray cluster at ``address`` (``local``: start one on this machine, with
     ``num_cpus`` CPUs); a missing Ray or an address that does not answer within
     :data:`CONNECT_TIMEOUT_S` is refused in one line (SystemExit) before anything else happens."""
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # read when Ray loads: its warnings would bury the line
     try:
         import ray
     except ImportError:
@@ -129,5 +130,6 @@ def connect(address: str, num_cpus: int | None = None) -> Cluster:
         ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=True, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as err:
         line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SystemExit(f"the Ray cluster at {address} cannot be used ({line}); {_LEAVE_OUT}") from None
+        raise SystemExit(f"the Ray cluster at {address} cannot be used ({line}); check that a Ray head node "
+                         f"listens there, {_LEAVE_OUT}") from None
     return Cluster(ray, address)
