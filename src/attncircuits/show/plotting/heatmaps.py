@@ -299,8 +299,10 @@ def pattern_windows(
     im = None
     for ax, pat, (q0, q1, k0, k1), title in zip(axes.flat, pats, windows, titles):
         im = ax.imshow(pat[q0:q1, k0:k1], cmap="Blues", vmin=0.0, vmax=1.0)
-        token_ticks(ax, "x", [f"{_printable(tokens_str[k])} {k}" for k in range(k0, k1)], rotation=90, pt=SMALL_PT)
-        token_ticks(ax, "y", [f"{q} {_printable(tokens_str[q])}" for q in range(q0, q1)], pt=SMALL_PT)
+        # a no-break space between position and token: token_ticks shows a space as ·
+        token_ticks(ax, "x", [f"{_printable(tokens_str[k])}\u00a0{k}" for k in range(k0, k1)], rotation=90,
+                    pt=SMALL_PT)
+        token_ticks(ax, "y", [f"{q}\u00a0{_printable(tokens_str[q])}" for q in range(q0, q1)], pt=SMALL_PT)
         ax.set_xlabel("key: token, position", fontsize=LABEL_PT - 1)
         ax.set_ylabel("query: position, token", fontsize=LABEL_PT - 1)
         set_title(ax, title, pt=LABEL_PT)
