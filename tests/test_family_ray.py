@@ -1,6 +1,6 @@
 """make family's members as tasks on a Ray cluster (a local instance of 2 CPUs, tiny members): the
 same results as the local pool, bit for bit; a member whose worker is killed is run again by Ray and
-resumes its saved state; a member interrupted in the local pool resumes on the cluster; a cluster
+resumes its saved state (the lines the tasks print reach this process through Ray's log stream); a member interrupted in the local pool resumes on the cluster; a cluster
 that cannot be reached is refused in one line before anything is written."""
 
 import os
@@ -45,7 +45,7 @@ def _kill_once_saved(out: Path, name: str, seen: dict, stop: threading.Event) ->
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the Ray worker to kill in /proc")
 def test_members_on_a_ray_cluster_match_the_local_pool_and_survive_a_killed_worker(tiny_family, tmp_path,
                                                                                       monkeypatch, capsys):
-    monkeypatch.setattr(family, "RECIPE", {"steps": 100, "eval_every": 25, "eval_batches": 1})
+    monkeypatch.setattr(family, "RECIPE", {"steps": 75, "eval_every": 25, "eval_batches": 1})
     names = ["attn-1l", "attn-2l"]
     t0 = time.perf_counter()
     local = family.run(seed=0, processes=1, members=names, out=tmp_path / "local", streams=tiny_family)
@@ -80,6 +80,9 @@ def test_members_on_a_ray_cluster_match_the_local_pool_and_survive_a_killed_work
     said = capsys.readouterr().out
     assert "training 2 on the Ray cluster at local, a task each on cpu" in said
     assert seen.get("pids"), "the worker was not killed before attn-1l finished"
+    # Ray ran the killed member again, which resumed its saved state; attn-2l resumed the local pool's
+    assert "attn-1l: resuming from its state saved at step" in said, said
+    assert "attn-2l: resuming from its state saved at step 50" in said, said
     assert not any(Path(f"/proc/{pid}").exists() for pid in seen["pids"])
 
     ours, theirs = family.load(local), family.load(out)

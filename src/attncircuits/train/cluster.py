@@ -111,7 +111,6 @@ def connect(address: str, num_cpus: int | None = None) -> Cluster:
     """Connect to the Ray cluster at ``address`` (``local``: start one on this machine, with
     ``num_cpus`` CPUs); a missing Ray or an address that does not answer within
     :data:`CONNECT_TIMEOUT_S` is refused in one line (SystemExit) before anything else happens."""
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # read when Ray loads: its warnings would bury the line
     try:
         import ray
     except ImportError:

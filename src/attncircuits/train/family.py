@@ -26,11 +26,11 @@ the seed's folder (:func:`default_out`: the committed seed 0's in the package, a
 finishes; an interrupted run keeps each member's last evaluation in ``<member>.partial/`` and the
 same command resumes from there (nothing trained is lost). Every one of these files is verified
 when it is read (:mod:`attncircuits.train.family_files`). With ``RAY_ADDRESS`` set or ``--ray`` the
-members run as tasks on a Ray cluster instead (:mod:`attncircuits.train.cluster`). Members train on a CUDA GPU where torch finds one (``--device``
-chooses; on a GPU the processes share it), else on the CPU: a GPU's floats differ from a CPU's, so
-its results are another run, as another seed's are, and each member's results name its device.
-With ``--record`` (``make family SEED=n``, n > 0) chapter 11 then runs
-on the seed and its counts, cells and claims held, are written to
+members run as tasks on a Ray cluster instead (:mod:`attncircuits.train.cluster`). Members train
+on a CUDA GPU where torch finds one (``--device`` chooses; on a GPU the processes share it), else
+on the CPU: a GPU's floats differ from a CPU's, so its results are another run, as another seed's
+are, and each member's results name its device. With ``--record`` (``make family SEED=n``, n > 0)
+chapter 11 then runs on the seed and its counts, cells and claims held, are written to
 ``replicates/family-seed-N/results.json``, which the reproduces page lists beside the replicates'.
 """
 
@@ -262,10 +262,12 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
         raise SystemExit(f"{RESULTS / f'seed-{seed}'} holds seed {seed} from an earlier version, inside the package; "
                          f"move it out first: mv {RESULTS / f'seed-{seed}'} {default_out(seed)}")
     out = out or default_out(seed)
+    dev = None if ray else family_device(device)
+    todo = _check_folder(out, seed, asked)
     pool = cluster.connect(ray, ray_cpus) if ray else None
     try:
-        dev = pool.device(device) if pool else family_device(device)
-        todo = _check_folder(out, seed, asked)
+        dev = pool.device(device) if pool else dev
+        out.mkdir(parents=True, exist_ok=True)
         durable.write_text(out / "recipe.json", json.dumps(recipe_id(seed), indent=1) + "\n")
         todo.sort(key=lambda n: -_cost(n))  # the longest first, so the workers end together
         where = (f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" and not pool else str(dev))
@@ -295,7 +297,8 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
 
 def _check_folder(out: Path, seed: int, asked: list[str]) -> list[str]:
     """The members of ``asked`` to train into ``out``, every file there checked first (one line,
-    SystemExit, for the first that fails)."""
+    SystemExit, for the first that fails); nothing is written but a finished member's leftover
+    saved state removed."""
     rid, id_file = recipe_id(seed), out / "recipe.json"
     if id_file.is_file():
         try:
@@ -319,7 +322,6 @@ def _check_folder(out: Path, seed: int, asked: list[str]) -> list[str]:
                 family_files.remove_state(out, n)
     except family_files.FamilyFileError as err:
         raise SystemExit(str(err)) from None
-    out.mkdir(parents=True, exist_ok=True)
     return todo
 
 
