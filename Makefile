@@ -168,10 +168,12 @@ replicate: venv
 	$(PY) -m attncircuits.train.replicate --seed $(SEED)
 
 # The family of chapter 11: 15 models (1-6 layers attention-only and with MLPs and LayerNorm, and the
-# 2-layer model with each position scheme) on one recipe, two at a time, into
-# src/attncircuits/checkpoints/shipped/family/seed-N
-# (default seed 0, the committed results); the same command resumes an interrupted run. With SEED=n
-# it then runs chapter 11 on that seed and records its claims in replicates/family-seed-n/results.json.
+# 2-layer model with each position scheme) on one recipe, two at a time, seed 0 (the default) into
+# src/attncircuits/checkpoints/shipped/family/seed-0 (the committed results), another seed into
+# replicates/family-seed-n (outside the package: what git and a wheel ship stays seed 0); the same
+# command resumes an interrupted run. With SEED=n it then runs chapter 11 on that seed and records its
+# claims in replicates/family-seed-n/results.json. With RAY_ADDRESS=host:port (or =local) in the
+# environment each member is a task on that Ray cluster (pip install '.[ray]'; see book/maintainers.md).
 # On a CUDA GPU where torch finds one, else on the CPU; DEVICE=cpu (or cuda:1) chooses.
 FAMILY_SEED ?= 0
 DEVICE ?=

@@ -13,3 +13,16 @@ def tiny_cfg():
 def tiny_model(tiny_cfg):
     torch.manual_seed(0)
     return Transformer(tiny_cfg).eval()
+
+
+@pytest.fixture
+def tiny_family(monkeypatch):
+    """make family's recipe cut to 50 steps on small random streams (train, validation), returned."""
+    import numpy as np
+
+    from attncircuits.train import family
+
+    monkeypatch.setattr(family, "RECIPE", {"steps": 50, "eval_every": 25, "eval_batches": 1})
+    monkeypatch.setattr(family, "N_WINDOWS", 2)
+    monkeypatch.setattr(family, "N_FINAL_WINDOWS", 4)
+    return tuple(np.random.default_rng(i).integers(0, 256, n).astype(np.uint16) for i, n in ((0, 20_000), (1, 4_000)))

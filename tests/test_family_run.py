@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from attncircuits.train import family
+from attncircuits.train import family, family_cli, family_files
 
 
 STREAMS = tuple(np.random.default_rng(i).integers(0, 256, n).astype(np.uint16) for i, n in ((0, 20_000), (1, 4_000)))
@@ -28,7 +28,7 @@ def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsy
         assert r["per_token"].shape == (3, 2 * 4)  # every evaluation, every fixed (window, position)
         assert len(r["history"]["icl"]) == 3 and r["final_icl"]["windows"] == 4
         assert set(r["final_scores"]) >= {"previous_token", "prefix_matching", "duplicate_token", "copying"}
-    assert not list(out.glob("*.partial.pt"))
+    assert not list(out.glob("*.partial"))
     assert "ln-mlp-1l" in capsys.readouterr().out
     family.run(seed=0, processes=1, members=["attn-1l", "ln-mlp-1l"], out=out, streams=STREAMS)
     assert "2 of 2 members done, training 0" in capsys.readouterr().out
@@ -59,12 +59,12 @@ def test_an_interrupted_member_resumes_from_its_last_evaluation(tiny, tmp_path, 
     monkeypatch.setattr(loop, "evaluate", stop_after_two)
     with pytest.raises(loop.TrainingInterrupted):
         family.train_member("attn-1l", 0, out, STREAMS)
-    assert (out / "attn-1l.partial.pt").is_file()
+    assert (family_files.state_dir(out, "attn-1l") / "resume" / "state.pt").is_file()
     monkeypatch.setattr(loop, "evaluate", real)
     r = family.train_member("attn-1l", 0, out, STREAMS)
     assert r["history"]["step"] == [0, 25, 50]
     assert json.loads((out / "attn-1l.json").read_text())["history"]["step"] == [0, 25, 50]
-    assert not (out / "attn-1l.partial.pt").exists()
+    assert not family_files.state_dir(out, "attn-1l").exists()
 
 
 def test_a_worker_whose_make_family_is_gone_stops_at_its_saved_state_and_resumes(tiny, tmp_path, monkeypatch, capsys):
@@ -108,7 +108,7 @@ def test_an_unknown_member_is_refused_in_one_line():
 def test_the_command_refuses_a_bad_seed_count_or_member_in_one_line(argv, said, capsys, monkeypatch):
     monkeypatch.setattr(family, "run", lambda *a, **k: pytest.fail("ran with a bad argument"))
     with pytest.raises(SystemExit) as stop:
-        family.main(argv)
+        family_cli.main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and said in err and "Traceback" not in err, err
 
@@ -124,7 +124,8 @@ def test_results_that_are_missing_half_written_foreign_or_corrupt_are_refused_in
     family.run(seed=0, processes=1, out=out, streams=STREAMS)
     assert list(family.load_results(out)) == ["attn-1l", "attn-2l"]
     (out / "attn-1l.npz").write_bytes(b"not an npz")
-    with pytest.raises(ValueError, match=r"does not read .* delete that member's .json and .npz"):
+    with pytest.raises(ValueError, match=r"attn-1l.npz does not match its SHA-256 .* delete .*attn-1l.json and "
+                                         r"attn-1l.npz and run `make family SEED=0` to train attn-1l again"):
         family.load_results(out)
     monkeypatch.setattr(family, "RECIPE", {"steps": 75, "eval_every": 25, "eval_batches": 1})
     with pytest.raises(ValueError, match=r"written by another recipe .* `make family SEED=0`"):
@@ -148,15 +149,17 @@ class Killed(BaseException):
     """A SIGKILL at one point of a member's last writes: nothing after it runs."""
 
 
-@pytest.mark.parametrize("point", ["losses", "results", "tidying"])
+@pytest.mark.parametrize("point", ["losses", "results", "listing", "tidying"])
 def test_a_kill_at_any_point_of_a_members_last_writes_is_completed_by_a_rerun(tiny, tmp_path, point):
-    """The losses (.npz), then the results (.json) that mark the member done, then the saved state
-    removed: killed before any of the three, a rerun gives the results of a run never killed."""
+    """The losses (.npz), the results (.json), then both listed in the folder's manifest, which
+    marks the member done, then the saved state removed: killed before any of the four, a rerun
+    gives the results of a run never killed."""
     (tmp_path / "whole").mkdir()
     whole = family.train_member("attn-1l", 0, tmp_path / "whole", STREAMS)
     out = tmp_path / "seed-0"
     out.mkdir()
-    replace, write_text, unlink = family.os.replace, family.durable.write_text, type(out).unlink
+    (out / "recipe.json").write_text(json.dumps(family.recipe_id(0)))  # as make family writes it first
+    replace, write_text, remove = family.os.replace, family.durable.write_text, family.durable.remove
 
     def killed(*_):
         raise Killed(point)
@@ -164,16 +167,20 @@ def test_a_kill_at_any_point_of_a_members_last_writes_is_completed_by_a_rerun(ti
     with pytest.MonkeyPatch.context() as mp:
         if point == "losses":  # the .npz.new written, not yet in place
             mp.setattr(family.os, "replace", lambda a, b: killed() if str(b).endswith(".npz") else replace(a, b))
-        elif point == "results":
-            mp.setattr(family.durable, "write_text", lambda f, t: killed() if f.suffix == ".json" else write_text(f, t))
+        elif point in ("results", "listing"):
+            file = "attn-1l.json" if point == "results" else family_files.MANIFEST
+            mp.setattr(family.durable, "write_text", lambda f, t: killed() if f.name == file else write_text(f, t))
         else:
-            mp.setattr(type(out), "unlink", lambda f, **k: killed() if f.suffix == ".pt" else unlink(f, **k))
+            mp.setattr(family.durable, "remove", lambda f: killed() if f.suffix == ".partial" else remove(f))
         with pytest.raises(Killed):
             family.train_member("attn-1l", 0, out, STREAMS)
-    done = (out / "attn-1l.json").is_file()
-    assert done == (point == "tidying")  # done only once its results are written, whole
-    if not done:
-        assert (out / "attn-1l.partial.pt").is_file()  # the last saved state, for the rerun
+    done = "attn-1l.json" in family_files.entries(out)
+    assert done == (point == "tidying")  # done only once its results are written, whole, and listed
+    assert (family_files.state_dir(out, "attn-1l") / "resume").is_dir()  # the last saved state, for the rerun
+    if done:  # a rerun of make family tidies it away
+        family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)
+        assert not family_files.state_dir(out, "attn-1l").exists()
+    else:
         family.train_member("attn-1l", 0, out, STREAMS)
     again = family.load(out)["attn-1l"]
     assert again["history"] == whole["history"] and again["final_scores"] == whole["final_scores"]
@@ -183,12 +190,15 @@ def test_a_kill_at_any_point_of_a_members_last_writes_is_completed_by_a_rerun(ti
 def test_a_saved_state_that_does_not_read_stops_make_family_in_one_line_before_training(tiny, tmp_path, monkeypatch):
     out = tmp_path / "seed-0"
     out.mkdir()
-    (out / "attn-1l.partial.pt").write_bytes(b"half a file")
+    resume = family_files.state_dir(out, "attn-1l") / "resume"
+    resume.mkdir(parents=True)
+    (resume / "state.pt").write_bytes(b"half a file")
     monkeypatch.setattr(family, "train_member", lambda *a, **k: pytest.fail("trained with a bad saved state"))
-    with pytest.raises(SystemExit, match=r"attn-1l.partial.pt does not read \(.*\); delete it to train attn-1l from"):
+    with pytest.raises(SystemExit, match=r"saved state in .*attn-1l.partial is incomplete or does not read; delete "
+                                         r".*attn-1l.partial to train attn-1l from the start"):
         family.run(seed=0, processes=1, members=["ln-mlp-1l", "attn-1l"], out=out, streams=STREAMS)
     (out / "recipe.json").write_text("{")
-    (out / "attn-1l.partial.pt").unlink()
+    family.durable.remove(resume.parent)
     with pytest.raises(SystemExit, match=r"recipe.json does not read; move .* away"):
         family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS)
 
@@ -249,7 +259,7 @@ def test_a_device_this_machine_lacks_is_refused_in_one_line_before_anything_is_w
         pytest.skip("this machine has MPS")
     monkeypatch.setattr(family, "train_member", lambda *a, **k: pytest.fail("trained on a device it lacks"))
     with pytest.raises(SystemExit, match=said.replace("(", r"\(")) as stop:
-        family.main(["--device", device, "--members", "attn-1l"])
+        family_cli.main(["--device", device, "--members", "attn-1l"])
     assert "\n" not in str(stop.value)
     out = tmp_path / "seed-0"
     with pytest.raises(SystemExit):

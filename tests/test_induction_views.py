@@ -14,6 +14,7 @@ from attncircuits.checkpoints.pretrained import CORPUS_DIR, save_checkpoint, sta
 from attncircuits.show.plotting import (  # noqa: E402
     eigen_scatter,
     head_patterns_grid,
+    pattern_windows,
     phase_change_plot,
     position_loss_plot,
     score_heatmaps,
@@ -33,6 +34,35 @@ def test_head_patterns_grid():
         head_patterns_grid(pats, ["a"])
     with pytest.raises(ValueError, match=r"\[n_heads, query, key\]"):
         head_patterns_grid(pats[0], ["a"])
+
+
+def test_pattern_windows_show_each_window_cell_by_cell_with_its_tokens():
+    pats = torch.rand(2, 12, 12)
+    tokens = [f"t{i}" for i in range(11)] + ["\x1a"]  # a control character shows as its code
+    fig = pattern_windows(pats, tokens, [(6, 9, 1, 5), (8, 12, 0, 12)], ["a", "b"])
+    shown = [ax for ax in fig.axes if ax.images]
+    np.testing.assert_allclose(shown[0].images[0].get_array(), pats[0, 6:9, 1:5].numpy())
+    assert shown[1].images[0].get_clim() == (0.0, 1.0)
+    assert [t.get_text() for t in shown[0].get_yticklabels()] == ["6\u00a0t6", "7\u00a0t7", "8\u00a0t8"]
+    assert [t.get_text() for t in shown[0].get_xticklabels()] == ["t1\u00a01", "t2\u00a02", "t3\u00a03", "t4\u00a04"]
+    assert shown[1].get_yticklabels()[-1].get_text() == "11\u00a0<0x1A>"
+    plt.close(fig)
+    with pytest.raises(ValueError, match="not inside 12 positions"):
+        pattern_windows(pats, tokens, [(6, 13, 1, 5), (8, 12, 0, 12)], ["a", "b"])
+    with pytest.raises(ValueError, match="one window and one title each"):
+        pattern_windows(pats, tokens, [(6, 9, 1, 5)], ["a", "b"])
+    with pytest.raises(ValueError, match="11 token labels for 12 positions"):
+        pattern_windows(pats, tokens[:-1], [(6, 9, 1, 5), (8, 12, 0, 12)], ["a", "b"])
+
+
+def test_live_token_strs_name_the_shipped_token_each_live_id_stands_for():
+    from attncircuits.data import load_tokenizer, token_str
+    from attncircuits.train.live import live_token_strs, vocab_map
+
+    new = vocab_map(256)
+    tok = load_tokenizer(CORPUS_DIR / "tokenizer.json")
+    kept = int(np.nonzero(new == 7)[0][0])  # the shipped token that live id 7 stands for
+    assert live_token_strs([0, 7, 255]) == [token_str(tok, 0), token_str(tok, kept), "<rare>"]
 
 
 def test_position_loss_plot_and_score_heatmaps():
@@ -89,6 +119,11 @@ def test_snapshot_explorer_draws_each_snapshot(tmp_path):
         ex.render(step=15)
     with pytest.raises(IndexError, match="valid layers"):
         snapshot_explorer(ck, toks, layer=2)
+    fig = snapshot_explorer(ck, toks, layer=1, window=(4, 8, 0, 5)).render(step=0)  # a window, labelled
+    shown = [a for a in fig.axes if a.images]
+    assert len(shown) == 2 and {im.get_array().shape for a in shown for im in a.images} == {(4, 5)}
+    assert shown[0].get_yticklabels()[0].get_text().startswith("4\u00a0")
+    plt.close(fig)
 
 
 def test_snapshot_explorer_reads_a_1d_row_as_one_row(tmp_path):

@@ -21,22 +21,25 @@ score of every evaluation (with its standard error; on 256 windows about 0.2 nat
 windows at every step, so a change between steps is measured on the same text). At the end every
 detector of the registry scores every head and the ICL score is measured on
 :data:`N_FINAL_WINDOWS` windows. Each member's results are one JSON file and one ``.npz`` in
-:data:`RESULTS` ``/seed-N/``, written when the member finishes; an interrupted run keeps each
-member's last evaluation in ``<member>.partial.pt`` and the same command resumes from there
-(nothing trained is lost). Members train on a CUDA GPU where torch finds one (``--device``
-chooses; on a GPU the processes share it), else on the CPU: a GPU's floats differ from a CPU's, so
-its results are another run, as another seed's are, and each member's results name its device.
-With ``--record`` (``make family SEED=n``, n > 0) chapter 11 then runs
-on the seed and its counts, cells and claims held, are written to
+the seed's folder (:func:`default_out`: the committed seed 0's in the package, another seed's in
+``replicates/family-seed-N/``), listed with their SHA-256s in its ``manifest.json`` when the member
+finishes; an interrupted run keeps each member's last evaluation in ``<member>.partial/`` and the
+same command resumes from there (nothing trained is lost). Every one of these files is verified
+when it is read (:mod:`attncircuits.train.family_files`). With ``RAY_ADDRESS`` set or ``--ray`` the
+members run as tasks on a Ray cluster instead (:mod:`attncircuits.train.cluster`). Members train
+on a CUDA GPU where torch finds one (``--device`` chooses; on a GPU the processes share it), else
+on the CPU: a GPU's floats differ from a CPU's, so its results are another run, as another seed's
+are, and each member's results name its device. With ``--record`` (``make family SEED=n``, n > 0)
+chapter 11 then runs on the seed and its counts, cells and claims held, are written to
 ``replicates/family-seed-N/results.json``, which the reproduces page lists beside the replicates'.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -49,13 +52,16 @@ from attncircuits.analysis.phase import TABLE_HEADER, summarize
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.core import devices, durable
-from attncircuits.train import replicate
-from attncircuits.train.live import live_configs, live_streams, live_text
+from attncircuits.train import cluster, family_files, replicate
+from attncircuits.train.live import check_live_config, live_configs, live_streams, live_text
 from attncircuits.train.loop import TrainingInterrupted, train
 
-#: where ``make family`` writes each seed's folder: beside the committed seed 0, in the package's
-#: shipped files (so chapter 11 reads it on Colab too)
+#: the committed seed 0's results, in the package's shipped files (so chapter 11 reads it on Colab too)
 RESULTS = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped" / "family"
+#: where ``make family SEED=n`` (n > 0) writes seed n: ``family-seed-n/`` beside the replicates, outside
+#: the package (what a wheel or git ships stays the committed seed 0; git ignores all but the seed's
+#: results.json); ATTNCIRCUITS_FAMILY=replicates/family-seed-n points chapter 11 at it
+USER_RESULTS = replicate.REPO / "replicates"
 #: a results folder for chapter 11 to read instead of the committed seed 0 (``make family SEED=n``'s)
 RESULTS_ENV = modelset.FAMILY_ENV
 #: the chapter that reads the family (its counts are what ``--record`` keeps)
@@ -78,6 +84,11 @@ MEMBERS: dict[str, dict] = {
     "attn-2l-rotary": {"n_layers": 2, "positions": "rotary"},
     "attn-2l-none": {"n_layers": 2, "positions": "none"},
 }
+
+
+def default_out(seed: int) -> Path:
+    """Seed ``seed``'s results folder: the committed seed 0's, or ``replicates/family-seed-N``."""
+    return RESULTS / "seed-0" if seed == 0 else USER_RESULTS / f"family-seed-{seed}"
 
 
 def member_configs(name: str, seed: int = 0):
@@ -123,8 +134,10 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
     torch.set_num_threads(1)
     mcfg, cfg = member_configs(name, seed)
     tr, va = streams if streams is not None else live_streams(mcfg.d_vocab)
-    partial = out / f"{name}.partial.pt"
-    state = _partial_state(partial, name)
+    ident = identity(name, seed)
+    state = family_files.load_state(out, name, ident)
+    if state is not None:
+        print(f"  {name}: resuming from its state saved at step {state['step']:,}", flush=True)
     fixed = {}  # the same windows and positions for every member, read at the first evaluation
     kept = state["kept"] if state else {"per_token": [], "icl": [], "icl_se": []}
     every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
@@ -147,10 +160,8 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
         if step and step % every == 0 or step == cfg.steps:  # one progress line per tenth of the budget
             print(f"  {name:<16} step {step:>5,} of {cfg.steps:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    def save_state(st):
-        tmp = partial.with_suffix(".tmp")
-        torch.save({**st, "kept": kept}, tmp)
-        os.replace(tmp, partial)  # a kill at any moment leaves the last whole state
+    def save_state(st):  # a kill at any moment leaves the last whole state
+        family_files.save_state(out, name, ident, {**st, "kept": kept})
 
     t0 = time.perf_counter()
     model, history, _ = train(mcfg, cfg, tr, va, device=device, progress=False, resume=state,
@@ -168,28 +179,21 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
         "fixed_windows": N_WINDOWS, "fixed_positions": fixed_positions(mcfg.n_ctx).tolist(),
         "final_scores": {k: v.tolist() for k, v in scores.scores.items()},
     }
-    # the losses first, then the results that mark the member done: a kill between the two leaves
-    # it not done, and a rerun trains it again from its last saved state
+    # the losses, the results, then both listed with their hashes in the folder's manifest, which
+    # marks the member done: a kill before that leaves it not done, and a rerun trains it again from
+    # its last saved state
     durable.write_file(out / f"{name}.npz", lambda f: np.savez_compressed(f, per_token=np.stack(kept["per_token"])),
                        binary=True)
     durable.write_text(out / f"{name}.json", json.dumps(result) + "\n")
-    partial.unlink(missing_ok=True)
+    family_files.record(out, name)
+    family_files.remove_state(out, name)
     return result
 
 
-def _partial_state(partial: Path, name: str) -> dict | None:
-    """The state an interrupted member left (None: there is none); one that does not read (a disk
-    that filled, a file from elsewhere) raises one line naming the file to delete."""
-    if not partial.is_file():
-        return None
-    try:
-        state = torch.load(partial, weights_only=False, map_location="cpu")  # a GPU's state resumes anywhere
-        if not {"kept", "step"} <= set(state):
-            raise KeyError("not a member's saved state")
-    except Exception as err:  # noqa: BLE001 - pickle, zip and torch each raise their own
-        raise RuntimeError(f"{partial} does not read ({type(err).__name__}); delete it to train {name} "
-                           "from the start") from None
-    return state
+def identity(name: str, seed: int) -> dict:
+    """What member ``name``'s saved state must match to be resumed: member, seed, its configs."""
+    mcfg, cfg = member_configs(name, seed)
+    return {"member": name, "seed": seed, "configs": family_files.configs_hash(mcfg.to_dict(), vars(cfg))}
 
 
 def _cost(name: str) -> int:
@@ -206,6 +210,22 @@ def _worker(args):
         return name, "interrupted (its state is kept)"
 
 
+def _task(job_and_settings: tuple):
+    """A member as a task on a cluster node: the recipe of the command that started it, checked
+    against its results folder (the node must see it) and this node's code, then :func:`_worker`."""
+    job, settings = job_and_settings
+    globals().update(settings)
+    name, seed, out = job[:3]
+    id_file, host = out / "recipe.json", socket.gethostname()
+    if not id_file.is_file():
+        raise RuntimeError(f"node {host} does not see {out}: put the results folder on a filesystem every node "
+                           "mounts and name it with --out")
+    if json.loads(id_file.read_text()) != recipe_id(seed):
+        raise RuntimeError(f"node {host} builds other configs from the recipe than the command did: install the "
+                           "same version of the course on every node")
+    return _worker(job)
+
+
 def family_device(device: str | None = None) -> torch.device:
     """Where the members train: ``device`` checked (one line naming the devices this machine has),
     else a CUDA GPU where torch finds one, else the CPU (MPS only when asked: these small models
@@ -217,57 +237,103 @@ def family_device(device: str | None = None) -> torch.device:
 
 
 def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out: Path | None = None,
-        streams=None, device: str | None = None) -> Path:
-    """Train every member of the family not yet in ``out`` (default :data:`RESULTS`/``seed-N``),
-    ``processes`` at a time on ``device`` (:func:`family_device`), and print the closing table; a
-    results folder of another recipe, or a device this machine lacks, is refused before anything is
-    trained. ``streams`` (train, validation tokens) replaces the live recipe's (tests pass small ones)."""
-    dev = family_device(device)
-    out = out or RESULTS / f"seed-{seed}"
-    out.mkdir(parents=True, exist_ok=True)
-    rid = recipe_id(seed)
-    id_file = out / "recipe.json"
-    if id_file.is_file():
-        try:
-            theirs = json.loads(id_file.read_text())
-        except ValueError:
-            raise SystemExit(f"{id_file} does not read; move {out} away to train this recipe") from None
-        if theirs != rid:
-            raise SystemExit(f"{id_file} was written by another recipe; move {out} away to train this one")
+        streams=None, device: str | None = None, ray: str | None = None, ray_cpus: int | None = None) -> Path:
+    """Train every member of the family not yet finished in ``out`` (default :func:`default_out`),
+    ``processes`` at a time on ``device`` (:func:`family_device`), or each as a task on the Ray
+    cluster at ``ray`` (an address, or ``local``: an instance started here with ``ray_cpus`` CPUs;
+    :mod:`attncircuits.train.cluster`), and print the closing table. Before anything is written or
+    trained, each of these is refused in one line: a seed or member that does not exist, a recipe
+    the trainer cannot build, a cluster that cannot be reached, a device this machine lacks, a
+    results folder of another recipe or seed, results or a saved state that fail their checks
+    (:mod:`attncircuits.train.family_files`). ``streams`` (train, validation tokens) replaces the
+    live recipe's (tests pass small ones)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62:
+        raise SystemExit(f"seed {seed!r}: give a whole number from 0 to {2**62 - 1:,}")
     asked = list(members or MEMBERS)
-    todo = [n for n in asked if not (out / f"{n}.json").is_file()]
-    for n in todo:  # a saved state that does not read stops the run here, before any training
+    unknown = [n for n in asked if n not in MEMBERS]
+    if unknown:
+        raise SystemExit(f"no family member {unknown[0]!r}; the members are {', '.join(MEMBERS)}")
+    for n in asked:
         try:
-            _partial_state(out / f"{n}.partial.pt", n)
-        except RuntimeError as err:
-            raise SystemExit(str(err)) from None
-    durable.write_text(id_file, json.dumps(rid, indent=1) + "\n")
-    todo.sort(key=lambda n: -_cost(n))  # the longest first, so the two processes end together
-    where = (f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev))
-    print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)} "
-          f"on {where}", flush=True)
-    jobs = [(n, seed, out, streams, str(dev)) for n in todo]
-    if processes == 1:  # here, one after the other
-        done = map(_worker, jobs)
-    else:  # side by side, one thread each: these small models use a core about as well as two
-        # (on a GPU each process launches its own kernels, so two keep it busier than one)
-        pool = multiprocessing.get_context("spawn").Pool(processes)
-        done = pool.imap_unordered(_worker, jobs)
-    for name, what in done:
-        print(f"  {name}: {what}", flush=True)
-    if processes != 1:
-        pool.close()
+            check_live_config(*member_configs(n, seed))
+        except (ValueError, TypeError) as err:
+            raise SystemExit(f"the family's recipe cannot train {n}: {err}") from None
+    if out is None and seed and (RESULTS / f"seed-{seed}").is_dir():
+        raise SystemExit(f"{RESULTS / f'seed-{seed}'} holds seed {seed} from an earlier version, inside the package; "
+                         f"move it out first: mv {RESULTS / f'seed-{seed}'} {default_out(seed)}")
+    out = out or default_out(seed)
+    dev = None if ray else family_device(device)
+    todo = _check_folder(out, seed, asked)
+    pool = cluster.connect(ray, ray_cpus) if ray else None
+    try:
+        dev = pool.device(device) if pool else dev
+        out.mkdir(parents=True, exist_ok=True)
+        durable.write_text(out / "recipe.json", json.dumps(recipe_id(seed), indent=1) + "\n")
+        todo.sort(key=lambda n: -_cost(n))  # the longest first, so the workers end together
+        where = (f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" and not pool else str(dev))
+        on = f"the Ray cluster at {ray}, a task each on {where}" if pool else where
+        print(f"family seed {seed}: {len(asked) - len(todo)} of {len(asked)} members done, training {len(todo)} "
+              f"on {on}", flush=True)
+        jobs = [(n, seed, out, streams, str(dev)) for n in todo]
+        if pool:
+            settings = {k: globals()[k] for k in ("RECIPE", "MEMBERS", "N_WINDOWS", "N_FINAL_WINDOWS")}
+            done = pool.run(_task, [(job, settings) for job in jobs], todo, gpu=dev.type == "cuda")
+        elif processes == 1:  # here, one after the other
+            done = map(_worker, jobs)
+        else:  # side by side, one thread each: these small models use a core about as well as two
+            # (on a GPU each process launches its own kernels, so two keep it busier than one)
+            workers = multiprocessing.get_context("spawn").Pool(processes)
+            done = workers.imap_unordered(_worker, jobs)
+        for name, what in done:
+            print(f"  {name}: {what}", flush=True)
+        if not pool and processes != 1:
+            workers.close()
+    finally:
+        if pool:
+            pool.close()
     print(table(out))
     return out
 
 
+def _check_folder(out: Path, seed: int, asked: list[str]) -> list[str]:
+    """The members of ``asked`` to train into ``out``, every file there checked first (one line,
+    SystemExit, for the first that fails); nothing is written but a finished member's leftover
+    saved state removed."""
+    rid, id_file = recipe_id(seed), out / "recipe.json"
+    if id_file.is_file():
+        try:
+            theirs = json.loads(id_file.read_text())
+            assert isinstance(theirs, dict)
+        except (ValueError, AssertionError):
+            raise SystemExit(f"{id_file} does not read; move {out} away to train this recipe") from None
+        if theirs.get("seed") != seed:
+            raise SystemExit(f"{out} holds seed {theirs.get('seed')!r}'s family, not seed {seed}'s; move it away "
+                             "or give its own seed")
+        if theirs != rid:
+            raise SystemExit(f"{id_file} was written by another recipe; move {out} away to train this one")
+    todo = []
+    try:
+        table = family_files.entries(out)
+        for n in asked:
+            if family_files.finished(out, n, seed, rid["members"][n], f"make family SEED={seed}", table) is None:
+                family_files.load_state(out, n, identity(n, seed))  # one that fails stops the run here
+                todo.append(n)
+            elif family_files.state_dir(out, n).exists():  # finished; stopped before tidying its state
+                family_files.remove_state(out, n)
+    except family_files.FamilyFileError as err:
+        raise SystemExit(str(err)) from None
+    return todo
+
+
 def load(out: Path) -> dict[str, dict]:
-    """Every finished member's results in ``out``, with its per-token losses (``per_token``)."""
-    res = {}
+    """Every finished member's results in ``out``, checked (:func:`family_files.finished`), with its
+    per-token losses (``per_token``)."""
+    res, rid = {}, json.loads((out / "recipe.json").read_text())
+    table = family_files.entries(out)
     for name in MEMBERS:
-        f = out / f"{name}.json"
-        if f.is_file():
-            r = json.loads(f.read_text())
+        r = family_files.finished(out, name, rid["seed"], rid["members"].get(name), f"make family SEED={rid['seed']}",
+                                  table)
+        if r is not None:
             r["per_token"] = np.load(out / f"{name}.npz")["per_token"].astype(np.float32)
             res[name] = r
     return res
@@ -302,13 +368,17 @@ def load_results(directory: Path | str | None = None) -> dict[str, dict]:
     if rid != recipe_id(seed):
         raise ValueError(f"{out} was written by another recipe than this package's; move it away and run "
                          f"`make family SEED={seed}` to train the family again")
-    missing = [n for n in MEMBERS if not ((out / f"{n}.json").is_file() and (out / f"{n}.npz").is_file())]
+    listed = family_files.entries(out)
+    missing = [n for n in MEMBERS
+               if not all(f in listed and (out / f).is_file() for f in (f"{n}.json", f"{n}.npz"))]
     if missing:
         raise FileNotFoundError(f"{out} is half-written: {len(missing)} members not finished ({', '.join(missing[:4])}"
                                 f"{', ...' if len(missing) > 4 else ''}); run `make family SEED={seed}` again: it "
                                 "resumes where it stopped")
     try:
-        return load(out)
+        return load(out)  # every member's files against the manifest, and its member, seed and config
+    except family_files.FamilyFileError:
+        raise
     except (ValueError, OSError, KeyError) as err:
         raise ValueError(f"a results file in {out} does not read ({err}); delete that member's .json and .npz "
                          f"and run `make family SEED={seed}` to train it again") from None
@@ -318,7 +388,7 @@ def record(seed: int, out: Path | None = None, records: Path | None = None) -> P
     """Run chapter 11 on seed ``seed``'s finished results (default :data:`RESULTS` ``/seed-N``) and
     write its cells and claims held to ``records/family-seed-N/results.json`` (default the
     repository's ``replicates/``); returns that file."""
-    out = out or RESULTS / f"seed-{seed}"
+    out = out or default_out(seed)
     load_results(out)  # whole, or one line naming the command that makes it so
     runs = replicate.run_chapters(out, [replicate.REPO / "notebooks" / f"{CHAPTER}.ipynb"], env_name=RESULTS_ENV)
     folder = (records or replicate.REPO / "replicates") / f"family-seed-{seed}"
@@ -334,44 +404,7 @@ def table(out: Path) -> str:
     return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
 
 
-def _whole(lo: int, hi: int):
-    """An argparse type: a whole number in [lo, hi], else one line saying what is allowed."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from {lo:,} to {hi:,}")
-        return value
-    return parse
+if __name__ == "__main__":  # the command line is attncircuits.train.family_cli's
+    from attncircuits.train.family_cli import main
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attncircuits.train.family",
-                                description="Train the model family of chapter 11 (make family [SEED=n]).")
-    p.add_argument("--seed", type=_whole(0, 2**62 - 1), default=0,
-                   help="the family's seed (default 0, the committed results); each seed has its own folder")
-    p.add_argument("--processes", type=_whole(1, 64), default=2,
-                   help="members trained side by side, one thread each (default 2)")
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda or cuda:N (default: a CUDA GPU where torch finds one, else the CPU)")
-    p.add_argument("--members", nargs="*", choices=list(MEMBERS), metavar="MEMBER",
-                   help=f"train only these (default all {len(MEMBERS)}): {', '.join(MEMBERS)}")
-    p.add_argument("--record", action="store_true",
-                   help="then run chapter 11 on this seed and write its claims held to "
-                        "replicates/family-seed-N/results.json (seed 0's the chapter asserts)")
-    a = p.parse_args(argv)
-    out = run(a.seed, a.processes, a.members, device=a.device)
-    if a.record and a.seed == 0:
-        print("seed 0 is the committed family: chapter 11 asserts its claims; nothing to record")
-    elif a.record:
-        path = record(a.seed, out)
-        ch = json.loads(path.read_text())["chapters"][CHAPTER]
-        print(f"chapter 11 on seed {a.seed}: {ch['cells_passed']} of {ch['cells']} cells, {ch['claims_held']} of "
-              f"{ch['claims']} claims held; recorded in {path}")
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -88,6 +88,18 @@ def live_text(model: Transformer, n_windows: int = 64) -> torch.Tensor:
     return new[validation_windows(n_windows, model.cfg.n_ctx, CORPUS_DIR)]
 
 
+def live_token_strs(ids, d_vocab: int = 256) -> list[str]:
+    """Each id of a live model's vocabulary (:func:`vocab_map`) as readable text: the shipped token
+    it stands for, or ``<rare>`` for the last id, which every rarer token shares."""
+    new = vocab_map(d_vocab)
+    old = np.full(d_vocab, -1, dtype=np.int64)
+    kept = new < d_vocab - 1
+    old[new[kept]] = np.nonzero(kept)[0]
+    tok = data.load_tokenizer(CORPUS_DIR / "tokenizer.json")
+    ids = torch.as_tensor(ids).flatten().tolist()
+    return ["<rare>" if old[i] < 0 else data.token_str(tok, int(old[i])) for i in ids]
+
+
 # ---- checks before the first step ---------------------------------------------------------------
 def min_context() -> int:
     """The shortest context the live scores fit in: four copies of ``MIN_REPEAT`` tokens + start."""

@@ -64,6 +64,7 @@ from attncircuits.show.plotting.heatmaps import (
     head_patterns_grid,
     heatmap_grid,
     path_terms_heatmap,
+    pattern_windows,
     score_heatmaps,
 )
 from attncircuits.show.plotting.html import (
@@ -101,6 +102,7 @@ __all__ = [
     "next_token_table_html",
     "overlapping_labels",
     "path_terms_heatmap",
+    "pattern_windows",
     "phase_change_plot",
     "place_legend",
     "histories_side_by_side",

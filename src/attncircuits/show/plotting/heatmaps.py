@@ -4,6 +4,7 @@ composition scores, and one head's skip-trigrams beside its OV and QK circuits."
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
@@ -262,6 +263,58 @@ def head_patterns_grid(
     axes[-1, 0].set_ylabel("query position", fontsize=LABEL_PT - 1)
     colorbar(fig, im, axes, "attention weight", shrink=0.7)
     return finish(fig, suptitle)
+
+
+def pattern_windows(
+    patterns: Float[np.ndarray, "n q k"],
+    tokens_str: Sequence[str],
+    windows: Sequence[tuple[int, int, int, int]],
+    titles: Sequence[str],
+    suptitle: str | None = None,
+    ncols: int = 2,
+) -> Figure:
+    """A window of each of several attention patterns, large enough to read: panel ``i`` is rows
+    ``q0:q1`` (queries) by columns ``k0:k1`` (keys) of ``patterns[i]`` (``windows[i] = (q0, q1,
+    k0, k1)``), each row and column labelled with its position and token, on one 0..1 scale. On a
+    repeated sequence, queries of the second copy beside keys of the first show an induction head's
+    stripe one column right of each query's earlier occurrence, cell by cell (a whole pattern of a
+    hundred positions leaves it a pixel wide)."""
+    pats = numpy(patterns)
+    if pats.ndim != 3 or not len(pats) == len(windows) == len(titles):
+        raise ValueError(f"pass [n, query, key] patterns with one window and one title each; got shape {pats.shape}, "
+                         f"{len(windows)} windows and {len(titles)} titles")
+    n_pos = pats.shape[1]
+    for q0, q1, k0, k1 in windows:
+        if not (0 <= q0 < q1 <= n_pos and 0 <= k0 < k1 <= n_pos):
+            raise ValueError(f"window {(q0, q1, k0, k1)} is not inside {n_pos} positions; use 0 <= start < stop <= {n_pos}")
+    if len(tokens_str) != n_pos:
+        raise ValueError(f"{len(tokens_str)} token labels for {n_pos} positions; pass one label per position")
+    ncols = min(ncols, len(pats))
+    nrows = -(-len(pats) // ncols)
+    cells = max(max(q1 - q0, k1 - k0) for q0, q1, k0, k1 in windows)
+    side = min((MAX_WIDTH_IN - 1.2) / ncols - 1.0, 0.24 * cells)  # about 0.24 in a cell: room for a label
+    fig, axes = new_figure(nrows, ncols, figsize=(ncols * (side + 1.0) + 1.2, nrows * (side + 1.3) + 0.5))
+    for ax in axes.flat[len(pats):]:
+        ax.axis("off")
+    im = None
+    for ax, pat, (q0, q1, k0, k1), title in zip(axes.flat, pats, windows, titles):
+        im = ax.imshow(pat[q0:q1, k0:k1], cmap="Blues", vmin=0.0, vmax=1.0)
+        # a no-break space between position and token: token_ticks shows a space as ·
+        token_ticks(ax, "x", [f"{_printable(tokens_str[k])}\u00a0{k}" for k in range(k0, k1)], rotation=90,
+                    pt=SMALL_PT)
+        token_ticks(ax, "y", [f"{q}\u00a0{_printable(tokens_str[q])}" for q in range(q0, q1)], pt=SMALL_PT)
+        ax.set_xlabel("key: token, position", fontsize=LABEL_PT - 1)
+        ax.set_ylabel("query: position, token", fontsize=LABEL_PT - 1)
+        set_title(ax, title, pt=LABEL_PT)
+    colorbar(fig, im, axes, "attention weight", shrink=0.6)
+    return finish(fig, suptitle)
+
+
+def _printable(token: str, n: int = 9) -> str:
+    """A token label: whitespace made visible, a control character as its code (``<0x1A>``), cut
+    to ``n`` characters."""
+    text = "".join(f"<0x{ord(c):02X}>" if unicodedata.category(c) == "Cc" else c for c in visible(token))
+    return _short(text, n)
 
 
 def _short(text: str, n: int = 14) -> str:

@@ -12,7 +12,7 @@ from attncircuits.analysis.circuits.skip_trigrams import resolve_tokens, top_ski
 from attncircuits.core import validate
 from attncircuits.core.heads import head_name
 from attncircuits.data import token_str, token_strs
-from attncircuits.show.plotting import head_circuits_figure, head_patterns_grid, next_token_bars
+from attncircuits.show.plotting import head_circuits_figure, head_patterns_grid, next_token_bars, pattern_windows
 from attncircuits.show.widgets.explorer import Explorer, explorer
 
 #: How many tokens the static next-token explorer draws in advance.
@@ -143,15 +143,19 @@ def snapshot_steps_control(steps) -> range | list:
     return steps
 
 
-def snapshot_explorer(checkpoint, tokens, layer: int = 1, boundaries=(), initial: int | None = None) -> Explorer:
+def snapshot_explorer(checkpoint, tokens, layer: int = 1, boundaries=(), initial: int | None = None,
+                      window: tuple[int, int, int, int] | None = None) -> Explorer:
     """Step through a checkpoint's training snapshots and watch every head of ``layer`` attend on
     ``tokens`` (one row, e.g. a repeated random sequence): the induction stripe appears at the
     phase change. The first state is ``initial`` (default: the last snapshot, where the stripe
-    has formed); a page without a kernel shows every snapshot, drawn in advance."""
+    has formed); a page without a kernel shows every snapshot, drawn in advance. With ``window``
+    (``(q0, q1, k0, k1)``) each head shows that block of its pattern with every position's token
+    (:func:`attncircuits.show.plotting.pattern_windows`), large enough to read cell by cell."""
     control = snapshot_steps_control(checkpoint.snapshot_steps)
     layer = validate.layer(checkpoint.model, layer)
     tokens = checkpoint.model.check_tokens(tokens)  # [batch, pos]: a 1-D row is one row, not one token
     models: dict[int, Any] = {}
+    labels = token_strs(checkpoint.tokenizer, tokens[0]) if window is not None else None
 
     def draw(step):
         if step not in models:
@@ -159,6 +163,9 @@ def snapshot_explorer(checkpoint, tokens, layer: int = 1, boundaries=(), initial
         _, cache = models[step].run_with_cache(tokens[:1])
         pats = cache.pattern[layer][0]
         titles = [f"head {head_name(layer, h)}" for h in range(pats.shape[0])]
+        if window is not None:
+            return pattern_windows(pats, labels, [window] * len(titles), titles,
+                                   suptitle=f"layer {layer} at training step {step}")
         return head_patterns_grid(pats, titles, boundaries=boundaries, suptitle=f"layer {layer} at training step {step}")
 
     first = int(initial) if initial is not None else list(control)[-1]
