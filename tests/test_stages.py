@@ -161,7 +161,8 @@ def test_stage_names_follow_the_stated_rule():
     base = dict(prefix_matching=0.05, prev_token=0.1, bigram_kl=2.0)
     assert ST.name_stage(base, {**base, "prefix_matching": 0.6}, 1) == "induction heads form"
     assert ST.name_stage(base, {**base, "prev_token": 0.3}, 1) == "previous-token heads form"
-    assert ST.name_stage(base, {**base, "bigram_kl": 0.5}, 1) == "bigram statistics"
+    assert ST.name_stage(base, {**base, "bigram_kl": 1.4}, 1) == "bigram statistics"
+    assert ST.name_stage(base, {**base, "bigram_kl": 1.6}, 1) == "refinement"
     formed = {**base, "prefix_matching": 0.6}
     assert ST.name_stage(formed, {**formed, "prefix_matching": 0.7}, 1) == "the heads sharpen"
     assert ST.name_stage(base, base, -1) == "simplification" and ST.name_stage(base, base, 1) == "refinement"

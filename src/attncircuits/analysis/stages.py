@@ -159,8 +159,8 @@ def name_stage(start: dict, end: dict, llc_direction: int) -> str:
     1. "induction heads form": the best prefix-matching score crosses :data:`FORMED`;
     2. "previous-token heads form": the best layer-0 previous-token score rises by over 0.1,
        prefix matching still under :data:`FORMED`;
-    3. "bigram statistics": the KL divergence from the bigram table to the model falls to under
-       half its value at the start, prefix matching under :data:`FORMED`;
+    3. "bigram statistics": the KL divergence from the bigram table to the model falls by over a
+       quarter of its value at the start, prefix matching under :data:`FORMED`;
     4. "the heads sharpen": prefix matching already formed and rising by over 0.05;
     5. otherwise "refinement" when the LLC rises, "simplification" when it falls."""
     pm0, pm1 = start["prefix_matching"], end["prefix_matching"]
@@ -168,7 +168,7 @@ def name_stage(start: dict, end: dict, llc_direction: int) -> str:
         return "induction heads form"
     if pm1 < FORMED and end["prev_token"] - start["prev_token"] > 0.1:
         return "previous-token heads form"
-    if pm1 < FORMED and end["bigram_kl"] < 0.5 * start["bigram_kl"]:
+    if pm1 < FORMED and end["bigram_kl"] < 0.75 * start["bigram_kl"]:
         return "bigram statistics"
     if pm0 >= FORMED and pm1 - pm0 > 0.05:
         return "the heads sharpen"
@@ -190,15 +190,21 @@ def stage_rows(points: list[dict], stages: Stages) -> list[dict]:
 
 
 def turning_points(path: np.ndarray, k: int = 3) -> list[int]:
-    """The ``k`` checkpoints where a path ``[n, d]`` turns most sharply (the angle between the step
-    into a checkpoint and the step out of it), in order along the path."""
+    """The ``k`` checkpoints where a path ``[n, d]`` turns most sharply (the angle between the move
+    into a checkpoint and the move out of it), in order along the path. Only checkpoints whose two
+    moves are both longer than the path's median move count: the direction of a short move is
+    mostly noise, and so is the angle between two of them."""
     p = np.asarray(path, dtype=float)
     if len(p) < 3:
         return []
     a, b = p[1:-1] - p[:-2], p[2:] - p[1:-1]
-    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    la, lb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = (a * b).sum(1) / np.maximum(la * lb, 1e-12)
     angle = np.arccos(np.clip(cos, -1, 1))
-    return sorted(int(i) + 1 for i in np.argsort(-angle)[:k])
+    med = np.median(np.linalg.norm(np.diff(p, axis=0), axis=1))
+    angle = np.where((la > med) & (lb > med), angle, -1.0)
+    order = [int(i) for i in np.argsort(-angle, kind="stable") if angle[i] >= 0][:k]
+    return sorted(i + 1 for i in order)
 
 
 def min_swing(values, spreads, share: float = 0.05) -> float:

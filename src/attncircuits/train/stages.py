@@ -38,7 +38,9 @@ from attncircuits.analysis import llc as L
 from attncircuits.analysis import losses
 from attncircuits.analysis import scores as S
 from attncircuits.analysis import stages as ST
+from attncircuits.checkpoints.pretrained import load_pretrained, validation_windows
 from attncircuits.core import durable
+from attncircuits.models.parts import loss_fn
 from attncircuits.train.live import live_configs, live_streams, live_text
 from attncircuits.train.loop import make_batch, train
 
@@ -82,8 +84,6 @@ def measure(model, rows, text, settings: L.SamplerSettings, probes: int) -> dict
 def run(seed: int, n_layers: int, streams, out: Path, head_llc: bool = True, probes: int = 2,
         settings: L.SamplerSettings = SETTINGS, steps: int = STEPS, snapshots=None) -> dict:
     """Train one run, measure every snapshot, write ``out`` and return what it wrote."""
-    from attncircuits.models.parts import loss_fn
-
     snapshots = sorted(s for s in (snapshots or SNAPSHOTS) if s <= steps)
     train_tokens, val_tokens = streams
     model_cfg, cfg = live_configs(n_layers=n_layers, seed=seed, steps=steps, snapshot_steps=snapshots)
@@ -155,9 +155,6 @@ CALIBRATION = [
 def calibrate(out: Path) -> dict:
     """Every setting of :data:`CALIBRATION` on the shipped 2-layer model (256 validation windows, the
     same for each), written to ``out``: its trace, estimate, rise, plateau and time, or how it failed."""
-    from attncircuits import load_pretrained
-    from attncircuits.checkpoints.pretrained import validation_windows
-
     model = load_pretrained("attn-only-2l").model
     rows = validation_windows(256, model.cfg.n_ctx)
     tried = []

@@ -17,14 +17,13 @@ import numpy as np
 from attncircuits.analysis import llc as L
 from attncircuits.analysis import stages as ST
 from attncircuits.course.exercises._core import Case, Diagnosis, Draw, guarded, run_check
+from attncircuits.train import stages
 
 __all__ = ["check_critical_steps", "check_llc_from_trace", "check_trace_verdict"]
 
 
 @functools.lru_cache(maxsize=1)
 def _seed0() -> dict:
-    from attncircuits.train import stages
-
     return stages.load(2, 0)
 
 
