@@ -20,7 +20,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train replicate family train-mine mystery markov clamps bench clean venv screenshots
+.PHONY: book book-assets test train replicate family train-mine mystery markov clamps stages bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -209,6 +209,18 @@ markov: venv
 	$(PY) -m attncircuits.train.markov --seeds 0 1 2 --ks 2 4
 clamps: venv
 	$(PY) -m attncircuits.train.clamps
+
+# Chapter 14's runs (attncircuits/train/stages.py): the sampler's calibration on the shipped 2-layer
+# model, then 2-layer runs of chapter 7's live recipe for seeds 0-2 and a 1-layer control, each with
+# the LLC (devinterp), the Hessian's trace and the detectors at 30 checkpoints, one after another on
+# one thread, into src/attncircuits/checkpoints/shipped/stages/ (one JSON file each; a finished one
+# is skipped, so the same command resumes). About 1 h 40 min on a busy 2-core machine (see README).
+# make stages STAGE_SEEDS="3 4" records other seeds.
+STAGE_SEEDS ?= 0 1 2
+stages: venv
+	$(PY) -m attncircuits.train.stages --calibrate
+	$(PY) -m attncircuits.train.stages --layers 2 --seeds $(STAGE_SEEDS)
+	$(PY) -m attncircuits.train.stages --layers 1 --seeds 0
 
 # Speed and scale measurements, each printing a table; report_models prints the shipped models' numbers.
 bench: venv

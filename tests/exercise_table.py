@@ -1108,6 +1108,105 @@ wrong(C, "the package's answer_paths", lambda model, tokens: __import__(
 right(C, "one head and one token at a time", _paths_by_loop)
 right(C, "lists of floats in a tuple", _paths(lambda d, v, m, t: (d, v)))
 
+# ---- chapter 14 ------------------------------------------------------------------------------------
+C = "ch14.check_llc_from_trace"
+
+
+def _llc(t, init, nb, drop=True, mean=None):
+    import numpy as np
+
+    t = np.asarray(t, dtype=float)
+    if drop:
+        t = t[np.isfinite(t).all(axis=1)]
+    if len(t) == 0:
+        return float("nan")
+    per = (np.nanmean(t, axis=1) if mean is None else mean(t)) - init
+    return float((nb * per).mean())
+
+
+wrong(C, "no n_beta", lambda t, init, nb: _llc(t, init, 1.0), "multiply by n_beta", "named")
+wrong(C, "no init_loss", lambda t, init, nb: _llc(t, 0.0, nb), "subtract init_loss", "named")
+wrong(C, "nanmean over everything", lambda t, init, nb: float(nb * (__import__("numpy").nanmean(
+    __import__("numpy").asarray(t, dtype=float)) - init)), "diverged", "named")
+wrong(C, "last draw only", lambda t, init, nb: _llc(t, init, nb, mean=lambda a: a[:, -1]), "last draw", "named")
+wrong(C, "negated", lambda t, init, nb: -_llc(t, init, nb), "wrong sign", "named")
+wrong(C, "zeros", lambda t, init, nb: 0.0, "expected")
+right(C, "the solution", _sol("llc_from_trace"))
+right(C, "with torch", lambda t, init, nb: (lambda x: float("nan") if not torch.isfinite(x).all(1).any() else float(
+    (nb * (x[torch.isfinite(x).all(1)].mean(1) - init)).mean()))(torch.as_tensor(t, dtype=torch.float64)))
+
+C = "ch14.check_trace_verdict"
+
+
+def _verdict(t, init, order="nan first", noise=True, quarter="third", neg="mean"):
+    import numpy as np
+
+    from attncircuits.analysis.llc import batch_noise
+
+    t = np.asarray(t, dtype=float)
+    finite = np.isfinite(t).all()
+    if order == "nan first" and not finite:
+        return "diverged"
+    if (t.mean() if neg == "mean" else t[:, -1].mean()) < init:
+        return "negative"
+    m = t.mean(0)
+    q = max(1, len(m) // 4)
+    rise = m[-q:].mean() - init
+    other = m[-2 * q:-q] if quarter == "third" else m[:q]
+    gap = abs(m[-q:].mean() - other.mean())
+    if gap > max(0.1 * abs(rise), 3 * batch_noise(t) if noise else 0.0):
+        return "not flat"
+    return "flat" if finite else "diverged"
+
+
+wrong(C, "NaN tested last", lambda t, init: _verdict(t, init, order="nan last"), "NaN first", "named")
+wrong(C, "no noise allowance", lambda t, init: _verdict(t, init, noise=False), "batch noise", "named")
+wrong(C, "against the first quarter", lambda t, init: _verdict(t, init, quarter="first"), "third quarter", "named")
+wrong(C, "negative from the last draw", lambda t, init: _verdict(t, init, neg="last"), "last draw", "named")
+wrong(C, "a bool: flat or not", lambda t, init: _verdict(t, init) == "flat", "str")
+wrong(C, "capitalised", lambda t, init: _verdict(t, init).capitalize(), "lower case", "named")
+right(C, "the solution", _sol("trace_verdict"))
+right(C, "the package's rule written again with torch", lambda t, init: _verdict(
+    torch.as_tensor(t, dtype=torch.float64).numpy(), float(init)))
+
+C = "ch14.check_critical_steps"
+
+
+def _turns(steps, values, k=0, indices=False, flat="skip", ends=False, only=None):
+    import numpy as np
+
+    d = np.sign(np.diff(np.asarray(values, dtype=float)))
+    last = 0.0
+    if flat == "every":
+        idx = [i for i in range(1, len(values) - 1) if d[i - 1] != d[i]]
+    else:
+        idx = []
+        for i, s in enumerate(d):
+            if s == 0:
+                continue
+            if last != 0 and s != last:
+                j = i
+                while j > 0 and d[j - 1] == 0:
+                    j -= 1
+                if only is None or (only == "max") == (last > 0):
+                    idx.append(j)
+            last = s
+    idx = [min(len(steps) - 1, max(0, i + k)) for i in idx]
+    if ends:
+        idx = [0, *idx, len(steps) - 1]
+    return idx if indices else [int(steps[i]) for i in idx]
+
+
+wrong(C, "indices", lambda s, v: _turns(s, v, indices=True), "indices", "named")
+wrong(C, "one late", lambda s, v: _turns(s, v, k=1), "late", "named")
+wrong(C, "one early", lambda s, v: _turns(s, v, k=-1), "early", "named")
+wrong(C, "every flat point", lambda s, v: _turns(s, v, flat="every"), "should have")
+wrong(C, "maxima only", lambda s, v: _turns(s, v, only="max"), "should have")
+wrong(C, "ends included", lambda s, v: _turns(s, v, ends=True), "should have")
+right(C, "the solution", _sol("critical_steps"))
+right(C, "with torch signs", lambda s, v: _turns(list(s), torch.as_tensor(v, dtype=torch.float64).tolist()))
+
+
 exercise_table_edges.add(wrong, right, lambda name: _sol(name))  # after every chapter's rows: the references come first
 exercise_table_ch08.add(wrong, right, lambda name: _sol(name))
 exercise_table_ch13.add(wrong, right, lambda name: _sol(name))

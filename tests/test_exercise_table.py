@@ -11,11 +11,11 @@ CHECKS = sorted({r.check for r in ROWS})
 
 
 def test_the_table_covers_every_check_with_five_wrong_and_two_right_answers():
-    from attncircuits.course.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13
+    from attncircuits.course.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13, ch14
 
-    modules = (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13)
+    modules = (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13, ch14)
     names = {f"{m.__name__.rsplit('.', 1)[1]}.{n}" for m in modules for n in m.__all__ if n.startswith("check_")}
-    assert set(CHECKS) == names and len(names) == 55
+    assert set(CHECKS) == names and len(names) == 58
     for check in CHECKS:
         rows = [r for r in ROWS if r.check == check]
         assert sum(r.expect != "pass" for r in rows) >= 5, check

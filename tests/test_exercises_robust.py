@@ -37,7 +37,7 @@ def still_passes(capsys):
     capsys.readouterr()
 
 
-#: CPU seconds (every thread of this process) the 55 checks take on the references, before the cases
+#: CPU seconds (every thread of this process) the 58 checks take on the references, before the cases
 #: below: a worker left running after a time-out spends this process's CPU time, while another
 #: process on the machine (a pytest-xdist worker beside this one) changes the wall time only
 _ALONE: dict[str, float] = {}
@@ -50,7 +50,7 @@ def _every_check_on_the_references() -> float:
     t = time.process_time()
     results = {row.check: outcome(row) for row in rows}
     seconds = time.process_time() - t
-    assert len(rows) == 55 and all(cls == "ok" for cls, _ in results.values()), {
+    assert len(rows) == 58 and all(cls == "ok" for cls, _ in results.values()), {
         k: v for k, v in results.items() if v[0] != "ok"}
     return seconds
 
@@ -188,9 +188,9 @@ def test_the_interpreter_exits_cleanly_after_a_time_out(tmp_path):
 
 def test_every_check_still_passes_after_all_of_the_above_in_about_the_same_time():
     """Run last in this file: every case above ran in this process first (time-outs, a learner's
-    default dtype, edited shipped models, ...); the 55 checks still pass on the references, and
+    default dtype, edited shipped models, ...); the 58 checks still pass on the references, and
     take about as long as before them (a worker left running after a time-out made them 4x slower)."""
     alone = _ALONE.get("s") or _every_check_on_the_references()
     after = _every_check_on_the_references()
-    assert after < 2 * alone + 1, f"the 55 checks took {after:.1f} CPU s after the cases, {alone:.1f} before"
+    assert after < 2 * alone + 1, f"the 58 checks took {after:.1f} CPU s after the cases, {alone:.1f} before"
     assert not any(w.is_alive() for w in _LIVE)

@@ -228,6 +228,25 @@ def _chapter_figures():
     yield "member_trajectories", lambda: plotting.member_trajectories(panels, threshold=0.5)
     paths = {f"{k}-{n}l": np.cumsum(rng.normal(size=(80, 2)), 0) for k in ("attn", "ln-mlp") for n in range(1, 7)}
     yield "loss_pca_paths", lambda: plotting.loss_pca_paths(paths, {m: 40 for m in paths}, [0.25, 0.2])
+    from attncircuits.train.stages import SNAPSHOTS
+
+    st = np.array(SNAPSHOTS)  # chapter 14: 30 checkpoints
+    yield "stage_panels", lambda: plotting.stage_panels(
+        st, {"LLC": {"LLC": rng.random(30) * 300, "half the Hessian's trace": rng.random(30) * 300},
+             "loss (nats)": {"model": rng.random(30) * 6},
+             "best head score": {"previous token (layer 0)": rng.random(30), "prefix matching (layer 1)": rng.random(30)},
+             "KL from bigrams": {"model": rng.random(30) * 3}},
+        boundaries=[50, 450], levels={"loss (nats)": {"bigram table": 3.1, "in-context predictor": 2.2}},
+        title="seed 0: the LLC and the detectors over training")
+    yield "loss_traces", lambda: plotting.loss_traces(
+        {f"lr 1e-0{k}, gamma 1,000, nbeta 1,000": (list(range(0, 100, 5)), 3 + rng.random(20) * 10 ** (2 - k))
+         for k in range(2, 6)}, 3.0, title="sampled loss above L(w*) while sampling the shipped 2-layer model "
+        "(mean of the chains)")
+    yield "checkpoint_paths", lambda: plotting.checkpoint_paths(
+        {"essential dynamics": np.cumsum(rng.normal(size=(30, 2)), 0), "per-token-loss PCA": np.cumsum(
+            rng.normal(size=(30, 2)), 0)}, marks={"essential dynamics": [5, 17]}, explained={
+            "essential dynamics": [0.8, 0.1], "per-token-loss PCA": [0.7, 0.2]},
+        title="seed 0: 30 checkpoints on two principal components (circle: step 0)")
     from attncircuits.show.widgets import head_explorer, snapshot_explorer
 
     head = head_explorer(ck1.model, ck1.tokenizer, frequent_tokens(ck1.tokenizer, 20), k=12)  # chapter 4's call
@@ -258,7 +277,7 @@ def test_every_figure_is_legible_in_the_book_column(chapter_figures):
         if px < MIN_TEXT_PX or width > COLUMN_PX + 0.5 or clash:
             small.append(f"{name}: smallest text {px:.1f} px, {width:.0f} px wide, overlapping {clash[:3]}")
         seen += 1
-    assert seen == 22 and not small, small  # every figure _chapter_figures draws
+    assert seen == 25 and not small, small  # every figure _chapter_figures draws
 
 
 def test_the_legibility_measure_catches_a_figure_scaled_down_too_far():
@@ -319,7 +338,7 @@ def test_no_legend_or_label_covers_data(chapter_figures):
     found = []
     for name, fig in chapter_figures:
         found += [f"{name}: {c}" for c in covered_data(fig)]
-    assert len(chapter_figures) == 22 and not found, found
+    assert len(chapter_figures) == 25 and not found, found
 
 
 def test_the_cover_check_sees_a_legend_on_a_line():

@@ -75,6 +75,7 @@ from attncircuits.show.plotting.html import (
     tokens_html,
 )
 from attncircuits.show.plotting.scatter import bigram_scatter, eigen_scatter, eigenvalue_planes
+from attncircuits.show.plotting.stages import checkpoint_paths, loss_traces, stage_panels
 
 __all__ = [
     "COLUMN_PX",
@@ -84,6 +85,7 @@ __all__ = [
     "ShowOnceFigure",
     "attention_heatmap",
     "bigram_scatter",
+    "checkpoint_paths",
     "circuit_heatmap",
     "composition_heatmaps",
     "covered_data",
@@ -97,6 +99,7 @@ __all__ = [
     "html_table",
     "loss_curve",
     "loss_pca_paths",
+    "loss_traces",
     "member_trajectories",
     "next_token_bars",
     "next_token_table_html",
@@ -110,6 +113,7 @@ __all__ = [
     "score_heatmaps",
     "skip_trigram_table_html",
     "smallest_text_px",
+    "stage_panels",
     "subplots",
     "text_sizes_px",
     "token_html",
