@@ -17,6 +17,7 @@ the batches (a task's rows) and the loss mask differ.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -126,11 +127,15 @@ def intended_problem(truth: dict, intended: dict) -> str | None:
     return None
 
 
-def train_mystery(name: str, out_root: Path | None = None, progress: bool = True, log=print) -> Path:
-    """Train mystery ``name``, measure its circuit, and write it (weights, config, ground truth)."""
+def train_mystery(name: str, out_root: Path | None = None, progress: bool = True, log=print,
+                  seed: int | None = None) -> Path:
+    """Train mystery ``name``, measure its circuit, and write it (weights, config, ground truth);
+    ``seed`` replaces the recipe's seed (nothing else of the recipe changes)."""
     if name not in MYSTERIES:
         raise KeyError(f"unknown mystery {name!r}; the mysteries are {', '.join(MYSTERIES)}")
     spec = MYSTERIES[name]
+    if seed is not None:
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=seed))
     t0 = time.time()
     model, history = train_task(spec.model, spec.task, spec.train, progress, log)
     train_s = time.time() - t0
@@ -169,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attncircuits.train.mystery", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", help=f"mysteries to train (default: all of {', '.join(MYSTERIES)})")
     p.add_argument("--out", type=Path, default=None, help="folder of the mysteries (default: the shipped one)")
+    p.add_argument("--seed", type=int, default=None, help="the training seed (default: the recipe's)")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in MYSTERIES]
     if unknown:
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     for name in names:
         try:
-            path = train_mystery(name, root)
+            path = train_mystery(name, root, seed=args.seed)
         except MysteryNotFormed as err:
             print(err, file=sys.stderr)
             return 1
