@@ -262,8 +262,22 @@ def test_a_wrong_hypothesis_is_told_what_fails_not_the_answer():
     ({"heads": {"0.0": "mover"}}, "is not a role of the course; the roles are current-token"),
     ({"heads": {}}, "names no head"),
     ({"heads": {"0.0": "copying"}, "model": "OTHER"}, "this grader grades"),
-    ({"heads": {"zero": "copying"}}, "write 'layer.head'"),
+    ({"heads": {"zero": "copying"}}, "a head is 'L.H'"),
     ({"heads": {"0.0": "copying"}, "roles": {}}, "its keys are model, heads, compositions"),
+    # parsed strictly: nothing is truncated, rounded or coerced into a head, a role or a kind
+    ({"heads": {(0.9, 1): "copying"}}, "is not a head: a head is 'L.H'"),
+    ({"heads": {(0, 1.7): "copying"}}, "is not a head: a head is 'L.H'"),
+    ({"heads": {(True, 0): "copying"}}, "is not a head: a head is 'L.H'"),
+    ({"heads": {"0.0.1": "copying"}}, "is not a head: a head is 'L.H'"),
+    ({"heads": {"0.5e0": "copying"}}, "is not a head: a head is 'L.H'"),
+    ({"heads": {((0, 0),): "copying"}}, "is not a head: a head is 'L.H'"),
+    ({"heads": {"0.0": ["copying"]}}, "is not a role: a role is one string"),
+    ({"heads": {"0.0": {"copying": 1}}}, "is not a role: a role is one string"),
+    ({"heads": {"0.0": None}}, "is not a role: a role is one string"),
+    ({"heads": [["0.0", "copying"]]}, "'heads' is a dict {'L.H': role}, got list"),
+    ({"heads": {"0.0": "copying"}, "compositions": 3}, "'compositions' is a list of (writer, reader, kind)"),
+    ({"heads": {"0.0": "copying"}, "compositions": "0.0 1.0 K"}, "'compositions' is a list of"),
+    ({"heads": {"0.0": "copying"}, "model": ["OTHER"]}, "this grader grades"),
 ])
 def test_bad_input_is_refused_in_one_line_naming_what_is_allowed(name, bad, says, capsys):
     other = next(n for n in MYSTERIES if n != name)
@@ -279,16 +293,52 @@ def test_bad_input_is_refused_in_one_line_naming_what_is_allowed(name, bad, says
 @pytest.mark.parametrize("comps, says", [
     ([("0.0", "0.1", "K")], "composes with a head of an earlier layer"),
     ([("1.0", "0.0", "K")], "composes with a head of an earlier layer"),
-    ([("0.0", "1.0", "X")], "is not one of Q, K, V"),
+    ([("0.0", "1.0", "X")], "is not one of 'Q', 'K', 'V'"),
     ([("0.0", "1.2", "K")], "which has no role in 'heads'"),
     (["0.0->1.0"], "a composition is (writer, reader, kind)"),
     ([("0.0", "1.0", "V"), ("0.0", "1.0", "v")], "composition 0.0->1.0 V is named twice"),
+    ([((0.0, 0), "1.0", "V")], "is not a head: a head is 'L.H'"),
+    ([([0, [0]], "1.0", "V")], "is not a head: a head is 'L.H'"),
+    ([("0.0", "1.0", 1)], "composition kind 1 (int) is not one of 'Q', 'K', 'V'"),
+    ([("0.0", "1.0", ["V"])], "is not one of 'Q', 'K', 'V'"),
+    ([["0.0", "1.0"]], "a composition is (writer, reader, kind)"),
 ])
 def test_bad_compositions_are_refused_in_one_line(comps, says):
     h = {"model": "mystery-3", "heads": {"0.0": "previous-token", "0.1": "previous-token", "1.0": "duplicate-token"},
          "compositions": comps}
     result = grader.grade(h, show=False)
     assert not result.passed and says in result.failures[0], result.failures
+
+
+def test_no_json_like_value_anywhere_in_a_hypothesis_raises_a_traceback():
+    """Every JSON-like value (and a few of Python's and numpy's) in every place of a hypothesis:
+    graded or refused in one line, never an exception out of the grader."""
+    import numpy as np
+    values = [None, True, 0, 1, -1, 1.5, float("nan"), "", "0.0", "1.0", "1.9", "x", "K", [], [0, 1], [0.5, 1],
+              [[0, 1]], {}, {"a": 1}, "previous-token", np.int64(1), np.float32(1.0), 10**30]
+    keys = [None, True, 0, 1.5, "", "0.0", "1.1", (0, 1), (0.0, 1), (1, np.int64(0)), ("0", "1")]
+    g = grader.grader_for("mystery-3")
+    seen = 0
+    for v in values:
+        hyps = [v, {"model": v}, {"model": "mystery-3", "heads": v},
+                {"model": "mystery-3", "heads": {"0.0": v}}, {"model": "mystery-3", "heads": {"0.0": "previous-token"},
+                                                             "compositions": v},
+                {"model": "mystery-3", "heads": {"0.0": "previous-token", "1.0": "duplicate-token"},
+                 "compositions": [v]},
+                {"model": "mystery-3", "heads": {"0.0": "previous-token", "1.0": "duplicate-token"},
+                 "compositions": [(v, "1.0", "V")]},
+                {"model": "mystery-3", "heads": {"0.0": "previous-token", "1.0": "duplicate-token"},
+                 "compositions": [("0.0", "1.0", v)]}]
+        hyps += [{"model": "mystery-3", "heads": {k: v}} for k in keys]
+        for h in hyps:
+            try:
+                g.parse(h)
+            except grader.HypothesisError as err:
+                assert "\n" not in str(err) and str(err), (h, err)
+            seen += 1
+            result = grader.grade(h, show=False) if not isinstance(h, dict) or "heads" not in h else None
+            assert result is None or (not result.passed and len(result.failures) == 1)
+    assert seen > 400
 
 
 def test_grade_names_the_models_it_grades_for_a_hypothesis_without_one():
