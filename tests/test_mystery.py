@@ -132,6 +132,81 @@ def test_a_link_to_a_missing_folder_as_out_names_the_folder_to_write(tmp_path, m
     assert written == [tmp_path / "target"] and (tmp_path / "link").is_symlink()
 
 
+# ---- a stopped `make mystery` never loses a finished mystery --------------------------------------
+def _written_tiny(tmp_path, monkeypatch):
+    monkeypatch.setitem(M.MYSTERIES, "tiny", _tiny_spec({}))
+    monkeypatch.setattr(M, "intended_problem", lambda truth, intended: None)
+    monkeypatch.setattr(M, "accept_problem", lambda *a, **k: None, raising=False)
+    return M.train_mystery("tiny", tmp_path, progress=False)
+
+
+def test_the_ground_truth_is_part_of_the_one_save(tmp_path, monkeypatch):
+    from attncircuits.core.manifest import read_manifest
+    path = _written_tiny(tmp_path, monkeypatch)
+    assert "ground_truth.json" in read_manifest(path)
+
+
+@pytest.mark.parametrize("stop", ["while writing", "between the renames", "after the swap"])
+def test_a_save_stopped_anywhere_leaves_a_whole_mystery_and_the_rerun_settles_it(tmp_path, monkeypatch, stop):
+    from attncircuits.checkpoints import pretrained as P
+    _written_tiny(tmp_path, monkeypatch)
+    first = store.load_mystery("tiny", tmp_path).ground_truth
+    real_swap, real_write = P.swap_into, P.write_checkpoint_files
+
+    def killed_write(directory, *a, **k):
+        real_write(directory, *a, **k)
+        (directory / "model.safetensors").write_bytes(b"half")  # a kill during the write: an incomplete copy
+        raise KeyboardInterrupt
+
+    def killed_swap(target, new, aside, *a, **k):
+        if stop == "between the renames":
+            target.rename(aside)
+            raise KeyboardInterrupt
+        real_swap(target, new, aside, *a, **k)
+        aside.mkdir(exist_ok=True)  # the old copy not yet removed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(P, "write_checkpoint_files", killed_write if stop == "while writing" else real_write)
+    monkeypatch.setattr(P, "swap_into", real_swap if stop == "while writing" else killed_swap)
+    monkeypatch.setattr(P.shutil, "rmtree", lambda *a, **k: None)  # the kill also stops the tidying
+    with pytest.raises(KeyboardInterrupt):
+        M.train_mystery("tiny", tmp_path, progress=False, seed=3)
+    monkeypatch.undo()
+    assert (tmp_path / "tiny.partial").exists()
+    said = store.resolve_partial("tiny", tmp_path)
+    assert said and not (tmp_path / "tiny.partial").exists(), said
+    m = store.load_mystery("tiny", tmp_path)  # whole: its weights, its manifest, its ground truth
+    assert ("finished model" in said) == (stop == "between the renames"), said
+    if stop == "while writing":
+        assert m.ground_truth == first
+
+
+def test_the_command_settles_a_leftover_partial_before_training_and_refuses_a_foreign_one(tmp_path, capsys,
+                                                                                          monkeypatch):
+    (tmp_path / "mystery-1.partial" / "final").mkdir(parents=True)
+    trained = []
+    monkeypatch.setattr(M, "train_mystery", lambda name, root, **k: trained.append(name) or
+                        (_ for _ in ()).throw(M.MysteryNotFormed("stopped here")))
+    assert M.main(["mystery-1", "--out", str(tmp_path)]) == 1
+    assert trained == ["mystery-1"] and not (tmp_path / "mystery-1.partial").exists()
+    assert "removed an unfinished save" in capsys.readouterr().err
+    (tmp_path / "mystery-1.partial").mkdir()
+    (tmp_path / "mystery-1.partial" / "notes.txt").write_text("mine")
+    assert M.main(["mystery-1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds files this program did not write" in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "mystery-1.partial" / "notes.txt").read_text() == "mine" and trained == ["mystery-1"]
+
+
+def test_a_checkpoint_path_that_is_a_link_loop_is_named_as_one(tmp_path):
+    from attncircuits.checkpoints.pretrained import load_checkpoint
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(FileNotFoundError, match="a symbolic link that does not resolve"):
+        load_checkpoint(tmp_path / "loop")
+    with pytest.raises(FileNotFoundError, match="not found; train one"):
+        load_checkpoint(tmp_path / "missing")
+
+
 # ---- the shipped mysteries ------------------------------------------------------------------------
 def test_three_mysteries_are_shipped_each_a_different_kind_of_circuit():
     assert MYSTERIES == list(M.MYSTERIES) == ["mystery-1", "mystery-2", "mystery-3"]

@@ -136,6 +136,8 @@ def train_mystery(name: str, out_root: Path | None = None, progress: bool = True
     spec = MYSTERIES[name]
     if seed is not None:
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=seed))
+    if said := store.resolve_partial(name, out_root):  # before training: a stopped save's leftover
+        log(said)
     t0 = time.time()
     model, history = train_task(spec.model, spec.task, spec.train, progress, log)
     train_s = time.time() - t0
@@ -190,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    for name in names:  # a save stopped by a kill is settled before any training (nothing finished is lost)
+        try:
+            if said := store.resolve_partial(name, root):
+                print(said, file=sys.stderr)
+        except FileExistsError as err:
+            print(err, file=sys.stderr)
+            return 2
     torch.set_num_threads(1)
     for name in names:
         try:
