@@ -965,6 +965,17 @@ wrong(C, "a composition in one layer", _hyp("mystery-2", M2, [("0.0", "0.1", "K"
 wrong(C, "another mystery's", _hyp("mystery-1", M2), "this grader grades 'mystery-2'", "named")
 wrong(C, "a head the model lacks", _hyp("mystery-2", {**M2, "1.0": "skip-trigram"}), "has no head 1.0", "named")
 wrong(C, "no dict", lambda: [("0.0", "skip-trigram")], "should return a hypothesis dict", "named")
+wrong(C, "heads as pairs of floats", lambda: {"model": "mystery-2", "heads": {(0.0, 0.4): "skip-trigram",
+                                                                             (0.2, 1): "skip-trigram"}},
+      "is not a head: a head is 'L.H'", "named")
+wrong(C, "a role given as a list", _hyp("mystery-2", {"0.0": ["skip-trigram"], "0.1": "skip-trigram"}),
+      "is not a role: a role is one string", "named", avoid="could not be compared")
+wrong(C, "a role given as a dict", _hyp("mystery-2", {"0.0": {"role": "skip-trigram"}, "0.1": "skip-trigram"}),
+      "is not a role: a role is one string", "named", avoid="could not be compared")
+wrong(C, "compositions given as an int", lambda: {"model": "mystery-2", "heads": M2, "compositions": 0},
+      "'compositions' is a list", "named", avoid="could not be compared")
+wrong(C, "a head as a bool pair", _hyp("mystery-2", {(False, True): "skip-trigram", "0.0": "skip-trigram"}),
+      "is not a head", "named")
 right(C, "the two skip-trigram heads", _hyp("mystery-2", M2))
 right(C, "heads as pairs, no compositions key", lambda: {"model": "mystery-2", "heads": {(0, 0): "skip-trigram",
                                                                                        (0, 1): "skip-trigram"}})
@@ -1004,6 +1015,22 @@ def _grammar_by_running(model, task):
     return answers[logits.argmax(-1)].reshape(len(task.cues), len(task.triggers))
 
 
+def _sum_without_start(model, task):
+    """The cue's direct path and every head's paths from the trigger and the cue: BOS's left out."""
+    answers = torch.tensor(task.answer_tokens)
+    ov = [full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads)]
+    table = torch.zeros(len(task.cues), len(task.triggers), dtype=torch.long)
+    for i, cue in enumerate(task.cues):
+        for j, trig in enumerate(task.triggers):
+            row = torch.tensor([[0, trig, cue]])
+            with torch.no_grad():
+                _, cache = model.run_with_cache(row)
+                pat = cache.pattern[0][0, :, -1]
+                paths = model.W_E[cue] @ model.W_U + sum(pat[h, 1:] @ ov[h][row[0, 1:]] for h in range(len(ov)))
+            table[i, j] = answers[paths[answers].argmax()]
+    return table
+
+
 C = "ch12.check_grammar_2"
 wrong(C, "the task's own table", lambda model, task: task.table(), "the task's own table", "named")
 wrong(C, "indices into the answers", _grammar_rows(lambda g, m, t: g - t.answer_tokens[0]),
@@ -1017,6 +1044,7 @@ wrong(C, "the triggers in reverse", _grammar_rows(lambda g, m, t: g.flip(1)), "e
 wrong(C, "token 0 everywhere", lambda model, task: torch.zeros(2, 6, dtype=torch.long), "all zeros")
 wrong(C, "the package's model_grammar", lambda model, task: model_grammar(model, task), "the package's own answer",
       "named")
+wrong(C, "the sum of paths without the start token's", _sum_without_start, "start token's path is missing", "named")
 right(C, "the sum of paths on BOS, trigger, cue", _grammar_rows(lambda g, m, t: g))
 right(C, "the model run on rows BOS, trigger, cue", _grammar_by_running)
 wrong(C, "a list of lists", _grammar_rows(lambda g, m, t: g.tolist()), "should be a torch.Tensor", "rejected")
@@ -1037,6 +1065,15 @@ wrong(C, "induction, not duplicate-token", _hyp("mystery-3", {k: ("induction" if
 wrong(C, "layer 1 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "1"}), "needed: the", "named")
 wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3V), "is not a role of the course",
       "named")
+wrong(C, "heads as pairs of floats, truncated into the true ones", _hyp(
+    "mystery-3", {(0.9, 1.2): "previous-token", **{k: r for k, r in M3.items() if k != "0.1"}},
+    [("0.0", "1.0", "V")]), "is not a head: a head is 'L.H'", "named")
+wrong(C, "a composition's head as nested lists", _hyp("mystery-3", M3, [([[0], [1]], "1.0", "V")]),
+      "is not a head", "named")
+wrong(C, "a composition kind as an int", _hyp("mystery-3", M3, [("0.1", "1.0", 2)]),
+      "is not one of 'Q', 'K', 'V'", "named", avoid="could not be compared")
+wrong(C, "compositions as a dict", lambda: {"model": "mystery-3", "heads": M3, "compositions": {"0.1": "1.0"}},
+      "'compositions' is a list", "named", avoid="could not be compared")
 right(C, "three V compositions from 0.1", _hyp("mystery-3", M3, M3V))
 right(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]))
 
