@@ -957,7 +957,8 @@ def _hyp(model, heads, comps=()):
 
 M2 = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
 C = "ch12.check_mystery_2"
-wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}), "add nothing", "named")
+wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}),
+      "the task needs heads you did not name", "named", avoid="add nothing")
 wrong(C, "copying heads", _hyp("mystery-2", {k: "copying" for k in M2}), "as copying: score", "named")
 wrong(C, "previous-token heads", _hyp("mystery-2", {k: "previous-token" for k in M2}), "as previous-token: score",
       "named")
@@ -1054,16 +1055,21 @@ right(C, "the answers as int32 ids", _grammar_rows(lambda g, m, t: g.int()))  # 
 M3 = {"0.0": "previous-token", "0.1": "previous-token", "0.2": "previous-token", "0.3": "previous-token",
       "1.0": "duplicate-token", "1.1": "duplicate-token", "1.3": "duplicate-token"}
 M3V = [("0.1", "1.0", "V"), ("0.1", "1.1", "V"), ("0.1", "1.3", "V")]
+M3V_EACH = [("0.0", "1.0", "V"), ("0.1", "1.3", "V"), ("0.2", "1.1", "V"), ("0.3", "1.0", "V")]
 C = "ch12.check_mystery_3"
 wrong(C, "another head: 1.2 for 1.3", _hyp("mystery-3", {**{k: r for k, r in M3.items() if k != "1.3"},
-                                                          "1.2": "duplicate-token"}, M3V[:2] + [("0.1", "1.2", "V")]),
+                                                          "1.2": "duplicate-token"}, M3V_EACH[:1] + [
+    ("0.1", "1.2", "V"), ("0.2", "1.1", "V"), ("0.3", "1.0", "V")]),
       "1.2 as duplicate-token: score", "named")
 wrong(C, "no composition", _hyp("mystery-3", M3), "reads no named head", "named")
-wrong(C, "K instead of V", _hyp("mystery-3", M3, [(w, r, "K") for w, r, _ in M3V]), "K: -", "named")
+wrong(C, "K instead of V", _hyp("mystery-3", M3, [(w, r, "K") for w, r, _ in M3V_EACH]), "K: -", "named")
 wrong(C, "induction, not duplicate-token", _hyp("mystery-3", {k: ("induction" if r == "duplicate-token" else r)
-                                                              for k, r in M3.items()}, M3V), "as induction: score", "named")
-wrong(C, "layer 1 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "1"}), "needed: the", "named")
-wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3V), "is not a role of the course",
+                                                              for k, r in M3.items()}, M3V_EACH), "as induction: score", "named")
+wrong(C, "layer 1 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "1"}),
+      "the task needs heads you did not name", "named", avoid="does 1.")
+wrong(C, "layer 0 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "0"}),
+      "the task needs heads you did not name", "named", avoid="does 0.")
+wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3V_EACH), "is not a role of the course",
       "named")
 wrong(C, "heads as pairs of floats, truncated into the true ones", _hyp(
     "mystery-3", {(0.9, 1.2): "previous-token", **{k: r for k, r in M3.items() if k != "0.1"}},
@@ -1074,8 +1080,15 @@ wrong(C, "a composition kind as an int", _hyp("mystery-3", M3, [("0.1", "1.0", 2
       "is not one of 'Q', 'K', 'V'", "named", avoid="could not be compared")
 wrong(C, "compositions as a dict", lambda: {"model": "mystery-3", "heads": M3, "compositions": {"0.1": "1.0"}},
       "'compositions' is a list", "named", avoid="could not be compared")
-right(C, "three V compositions from 0.1", _hyp("mystery-3", M3, M3V))
-right(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]))
+wrong(C, "three V compositions from 0.1: 0.0, 0.2, 0.3 named, feeding nothing named", _hyp("mystery-3", M3, M3V),
+      "0.0 feeds no named head", "named")
+wrong(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]),
+      "feeds no named head", "named")
+right(C, "one V composition out of each previous-token head, one into each duplicate-token head",
+      _hyp("mystery-3", M3, M3V_EACH))
+right(C, "every V composition at 3 sd (the derived circuit's)", lambda: {
+    "model": "mystery-3", "heads": dict(M3), "compositions": [tuple(c) for c in __import__(
+        "attncircuits.checkpoints.mysteries", fromlist=["x"]).load_mystery("mystery-3").ground_truth["compositions"]]})
 
 def _paths(change):
     """The reference answer_paths, changed."""

@@ -83,7 +83,7 @@ def copy_attention(pattern: Float[Tensor, "batch head q k"], tokens: Int[Tensor,
     query's token (0: the copy itself, a duplicate-token head; 1: the token after it, chapter 6's
     prefix matching; 2: two after it), over the batch and the queries that have such a key
     (exercise 12.1). The start token (id 0) is no query."""
-    return attention_to(pattern[None], _match_targets(tokens, shift))[0]
+    return attention_to(pattern[None], match_targets(tokens, shift))[0]
 
 
 def attention_to(pat: Tensor, targets: Tensor) -> Tensor:
@@ -109,7 +109,7 @@ def _offset_targets(tokens: Tensor, back: int) -> Tensor:
     return ((k == q - back) & (q > 0)).expand(b, n, n)  # the start token's attention to itself is no choice
 
 
-def _match_targets(tokens: Tensor, shift: int) -> Tensor:
+def match_targets(tokens: Tensor, shift: int) -> Tensor:
     """Keys ``k <= q`` whose token ``shift`` places earlier is the query's token, an earlier copy."""
     b, n = tokens.shape
     src = torch.full_like(tokens, -1)
@@ -179,7 +179,7 @@ def role_scores(model, task, n_rows: int = 64, seed: int = 1) -> dict[str, Tenso
     task_rows = task.batch(n_rows, seed)
     copy_seq = min(25, model.cfg.n_ctx - 1)
     return {
-        "current-token": attention_to(pat, _offset_targets(t, 0) & _match_targets(t, 0).any(-1, keepdim=True)),
+        "current-token": attention_to(pat, _offset_targets(t, 0) & match_targets(t, 0).any(-1, keepdim=True)),
         "previous-token": torch.stack([mean_attention_by_offset(p, 2)[:, 1] for p in first]),
         "two-back": torch.stack([mean_attention_by_offset(p, 2)[:, 2] for p in first]),
         "duplicate-token": torch.stack([copy_attention(p, t, 0) for p in pat]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attncircuits.checkpoints.pretrained import PRETRAINED_DIR, Checkpoint, load_checkpoint, save_checkpoint
-from attncircuits.checkpoints.pretrained import resolve_partial as resolve_checkpoint_partial
+from attncircuits.checkpoints.settle import resolve_partial as resolve_checkpoint_partial
 from attncircuits.data.tasks import task_from_dict
 
 MYSTERY_DIR = PRETRAINED_DIR / "mysteries"

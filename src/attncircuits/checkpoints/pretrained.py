@@ -21,7 +21,6 @@ another seed, or models trained on the learner's own text) and at that set's cor
 
 from __future__ import annotations
 
-import errno
 import json
 import shutil
 from dataclasses import dataclass
@@ -151,7 +150,8 @@ def save_checkpoint(
     Only a folder this package wrote (see :func:`is_checkpoint_dir`) is ever replaced, and only
     with ``overwrite``; the old one is removed only once the new one is in its place. ``files``
     (name -> text) are part of the checkpoint (see :func:`write_checkpoint_files`). A save killed
-    half-way leaves ``<dir>.partial``: :func:`resolve_partial` puts the right model back in place.
+    half-way leaves ``<dir>.partial``: :func:`attncircuits.checkpoints.settle.resolve_partial` puts
+    the right model back in place.
     """
     directory = Path(directory)
     check_replaceable(directory, overwrite)
@@ -169,46 +169,6 @@ def save_checkpoint(
         if directory.exists() or not (tmp / "old").exists():  # never remove the only copy of the old model
             shutil.rmtree(tmp, ignore_errors=True)
     return directory
-
-
-def _whole(directory: Path, needs: tuple[str, ...] = ()) -> bool:
-    """Whether ``directory`` is a complete checkpoint this package wrote, its files as its manifest
-    lists them (and each of ``needs`` among them)."""
-    try:
-        verify_manifest(directory)
-    except (OSError, ValueError):
-        return False
-    return is_checkpoint_dir(directory) and all((directory / n).is_file() for n in needs)
-
-
-def resolve_partial(directory: Path, needs: tuple[str, ...] = ()) -> str | None:
-    """Settle the ``<dir>.partial`` a killed :func:`save_checkpoint` left, before any new work, and
-    say in one line what was done (None: there was none). Killed between its two renames, the
-    finished new model (``final/``, complete with each of ``needs``) is put in place, else the old
-    one (``old/``) goes back; with ``directory`` in place, what is left is a save that never
-    finished (or the copy of the model just replaced) and goes. Files this package did not write
-    there are never removed: a FileExistsError names the folder to move away."""
-    directory = Path(directory)
-    tmp = partial_dir(directory)
-    if not (tmp.exists() or tmp.is_symlink()):
-        return None
-    others = sorted(p.name for p in tmp.iterdir()) if tmp.is_dir() and not tmp.is_symlink() else None
-    if others is None or set(others) - {"final", "old"}:
-        raise FileExistsError(f"{tmp} holds files this program did not write; move it away and run again")
-    final, old = tmp / "final", tmp / "old"
-    done = "removed an unfinished save"
-    if not (directory.exists() or directory.is_symlink()):
-        for kept, said in ((final, "the finished model of a save that was stopped"),
-                           (old, "the model a stopped save was replacing")):
-            if kept.is_dir() and _whole(kept, needs):
-                kept.rename(directory)
-                durable.fsync_dir(directory.parent)
-                done = f"put {said} back in {directory}"
-                break
-    with durable.ignore_signals():
-        shutil.rmtree(tmp)
-        durable.fsync_dir(tmp.parent)
-    return f"{tmp}: {done}"
 
 
 def swap_into(target: Path, new: Path, aside: Path, still_replaceable=lambda: None, between=lambda: None) -> None:
@@ -303,17 +263,6 @@ def check_device(device) -> torch.device:
     return devices.check(device)
 
 
-def _link_loop(path: Path) -> bool:
-    """Whether ``path`` (or a folder above it) is a symbolic link that never resolves."""
-    try:
-        path.resolve(strict=True)
-    except RuntimeError:  # Python before 3.13 raises this for a loop
-        return True
-    except OSError as err:
-        return err.errno == errno.ELOOP
-    return False
-
-
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:
     """Load any checkpoint directory written by :func:`save_checkpoint` (hashes checked first)."""
     directory = validate.path(directory, "directory")
@@ -322,7 +271,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
         exists = directory.is_dir()
     except OSError as err:  # e.g. a name too long for the file system
         raise FileNotFoundError(f"checkpoint directory {str(directory)[:80]!r} cannot be read ({err.strerror})") from None
-    if not exists and _link_loop(directory):
+    if not exists and durable.link_loop(directory):
         raise FileNotFoundError(f"checkpoint directory {directory} is a symbolic link that does not resolve (a loop); "
                                 "point it at a model folder or remove it")
     if not exists:

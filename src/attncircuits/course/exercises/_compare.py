@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attncircuits.course.exercises._run import _Stop
+from attncircuits.course.exercises._case import _Stop
 
 
 # ---- comparing -----------------------------------------------------------------------------------

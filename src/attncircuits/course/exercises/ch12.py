@@ -23,7 +23,7 @@ import copy
 import torch
 
 from attncircuits.analysis.circuit_check import (
-    _match_targets,
+    match_targets,
     answer_paths,
     attention_to,
     circuit_shares,
@@ -87,7 +87,7 @@ def check_copy_attention(fn) -> bool:
         ],
         name="copy_attention",
         generate=_copy_case,
-        withheld=[copy_attention, attention_to, _match_targets],  # the reference's own body, too
+        withheld=[copy_attention, attention_to, match_targets],  # the reference's own body, too
     )
 
 

@@ -1,0 +1,93 @@
+"""What chapter 12 states about each mystery as the task's own, checked on a trained model: the
+mystery trainer (:mod:`attncircuits.train.mystery`) accepts a model only when these hold and its
+derived ground truth passes the grader, so that any seed it accepts gives the chapter a gradeable
+mystery whose text is true.
+
+Each check returns the claims that fail, one line each, with what was measured (an empty list:
+every claim holds). The chapter asserts the same claims on the shipped models (``claim()``
+cells); the thresholds here are the chapter's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attncircuits.analysis import circuit_check as cc
+from attncircuits.analysis.circuits import full_ov_circuit, full_qk_circuit
+from attncircuits.core.heads import head_name
+from attncircuits.analysis import grading as G
+
+
+def _heads_of(g: G.Grader, role: str, layer: int) -> list[tuple[int, int]]:
+    return [(layer, h) for h in range(g.model.cfg.n_heads) if float(g.roles[role][layer, h]) >= cc.ATTENDS]
+
+
+def _copying_paths(g: G.Grader, readers, direct_copies: bool) -> list[str]:
+    """Each reader copies through its direct path and not layer 0 (``direct_copies``), or the
+    reverse, as chapter 12's exercise 12.6 measures it (above 0.9 one way, under 0.1 the other)."""
+    direct, virtual = cc.answer_paths(g.model, torch.arange(2, g.model.cfg.d_vocab))
+    bad = []
+    for _, h in readers:
+        yes, no = (direct[h], virtual[h]) if direct_copies else (virtual[h], direct[h])
+        if not (float(yes) > 0.9 and float(no) < 0.1):
+            bad.append(f"1.{h} copies {float(direct[h]):.2f} directly and {float(virtual[h]):.2f} through layer 0")
+    return bad
+
+
+def _mystery_1(g: G.Grader) -> list[str]:
+    out = []
+    twoback, skipind = _heads_of(g, "two-back", 0), _heads_of(g, "skip-induction", 1)
+    if not twoback or not skipind:
+        return [f"two-back heads in layer 0: {len(twoback)}, skip-induction heads in layer 1: {len(skipind)}"]
+    k = [g.z[(w, r, "K")] for w in twoback for r in skipind]
+    qv = [g.z[(w, r, kind)] for kind in "QV" for w in twoback for r in skipind]
+    if min(k) <= cc.COMPOSES:
+        out.append(f"a two-back head does not K-compose with a skip-induction head (z {min(k):+.1f})")
+    if max(qv) >= 0:
+        out.append(f"a Q or V composition between them is not below the baseline (z {max(qv):+.1f})")
+    return out + _copying_paths(g, skipind, direct_copies=True)
+
+
+def _mystery_2(g: G.Grader) -> list[str]:
+    model, task = g.model, g.task
+    served = []
+    for h in range(model.cfg.n_heads):
+        qk = full_qk_circuit(model, 0, h).AB
+        served.append(int(qk[task.cues][:, task.triggers].mean(-1).argmax()))
+    out = [] if len(set(served)) == model.cfg.n_heads else [f"the heads do not serve different cues ({served})"]
+    answers = torch.tensor(task.answer_tokens)
+    ov = sum(full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads))
+    trigger_only = answers[ov[task.triggers][:, answers].argmax(-1)]
+    if int((trigger_only[None] != cc.model_grammar(model, task)).sum()) == 0:
+        out.append("the trigger's paths alone give every answer (the chapter says they miss some)")
+    return out
+
+
+def _mystery_3(g: G.Grader) -> list[str]:
+    dup, prev = _heads_of(g, "duplicate-token", 1), _heads_of(g, "previous-token", 0)
+    if not dup or not prev:
+        return [f"previous-token heads in layer 0: {len(prev)}, duplicate-token heads in layer 1: {len(dup)}"]
+    out = [f"{head_name(*r)} V-composes with no previous-token head at {cc.COMPOSES:.0f} sd" for r in dup
+           if max(g.z[(w, r, "V")] for w in prev) < cc.COMPOSES]
+    return out + _copying_paths(g, dup, direct_copies=False)
+
+
+CLAIMS = {"mystery-1": _mystery_1, "mystery-2": _mystery_2, "mystery-3": _mystery_3}
+
+
+def claim_problems(name: str, model, task) -> list[str]:
+    """The claims chapter 12 states about mystery ``name`` that fail on ``model`` (empty: none)."""
+    g = G.Grader(name, model, task)
+    return CLAIMS[name](g) if name in CLAIMS else []
+
+
+def accept_problem(name: str, model, task, truth: dict) -> str | None:
+    """Why a trained mystery cannot be shipped (one line), or None: its derived ground truth
+    (``truth``) fails the grader, or a claim the chapter makes about it fails."""
+    g = G.Grader(name, model, task)
+    hyp = {"model": name, "heads": dict(truth["heads"]), "compositions": [tuple(c) for c in truth["compositions"]]}
+    result = g.grade(hyp, show=False) if truth["heads"] else None
+    if result is None or not result.passed:
+        return f"the derived circuit fails the grader ({result.first_failure if result else 'no head has a role'})"
+    problems = CLAIMS[name](g) if name in CLAIMS else []
+    return f"a claim of chapter 12 fails: {problems[0]}" if problems else None
