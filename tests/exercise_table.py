@@ -462,6 +462,15 @@ wrong(C, "the seed ignored", lambda d, h, n, s=0: _rcs(d, h, n, 5), "the very sa
 wrong(C, "zeros", lambda d, h, n, s=0: torch.zeros(n), "same score")
 wrong(C, "a percentage", lambda *a: 100 * _rcs(*a), "above 1")
 wrong(C, "NaN", lambda d, h, n, s=0: torch.full((n,), float("nan")), "NaN")
+wrong(C, "rank one: a column times a row", lambda d, h, n, s=0: _rcs(d, 1, n, s), "rank one", "named",
+      avoid="draw each matrix as the product")
+wrong(C, "the factors in the other order", lambda d, h, n, s=0: (lambda g: (lambda a, b: torch.linalg.matrix_norm(
+    a @ b) / (torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b)))(*[torch.randn(n, h, d, generator=g) @ torch.randn(
+        n, d, h, generator=g) for _ in range(2)]))(torch.Generator().manual_seed(s)), "the other order", "named")
+wrong(C, "the spectral norm for the Frobenius", lambda d, h, n, s=0: (lambda a, b: torch.linalg.matrix_norm(a @ b, 2) / (
+    torch.linalg.matrix_norm(a, 2) * torch.linalg.matrix_norm(b, 2)))(*[(lambda g: torch.randn(n, d, h, generator=g) @ torch.randn(
+        n, h, d, generator=g))(torch.Generator().manual_seed(s + i)) for i in range(2)]), "check each step against the text",
+      avoid="draw each matrix as the product")
 right(C, "the solution", _sol("random_composition_scores"))
 right(C, "a loop of samples", lambda d, h, n, s=0: (lambda g: torch.stack([(lambda a, b: (a @ b).norm() / (
     a.norm() * b.norm()))(torch.randn(d, h, generator=g) @ torch.randn(h, d, generator=g),
@@ -1061,7 +1070,7 @@ wrong(C, "another head: 1.2 for 1.3", _hyp("mystery-3", {**{k: r for k, r in M3.
                                                           "1.2": "duplicate-token"}, M3V_EACH[:1] + [
     ("0.1", "1.2", "V"), ("0.2", "1.1", "V"), ("0.3", "1.0", "V")]),
       "1.2 as duplicate-token: score", "named")
-wrong(C, "no composition", _hyp("mystery-3", M3), "reads no named head", "named")
+wrong(C, "no composition", _hyp("mystery-3", M3), "no named head (no composition", "named")
 wrong(C, "K instead of V", _hyp("mystery-3", M3, [(w, r, "K") for w, r, _ in M3V_EACH]), "K: -", "named")
 wrong(C, "induction, not duplicate-token", _hyp("mystery-3", {k: ("induction" if r == "duplicate-token" else r)
                                                               for k, r in M3.items()}, M3V_EACH), "as induction: score", "named")
