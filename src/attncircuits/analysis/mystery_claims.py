@@ -53,6 +53,18 @@ def _mystery_1(g: G.Grader, truth: dict) -> list[str]:
         out.append(f"a two-back head does not K-compose with a skip-induction head (z {min(k):+.1f})")
     if max(qv) >= 0:
         out.append(f"a Q or V composition between them is not below the baseline (z {max(qv):+.1f})")
+    layer1 = {head_name(*h): "skip-induction" for h in skipind}
+    if (f := g.ablator.faithfulness(list(skipind))) >= 0.2:
+        out.append(f"without its layer-0 heads the circuit recovers {f:.0%} of the task (the chapter: under 20%)")
+    if len(skipind) > 1:  # one skip-induction head left out: faithful, and the left-out part fails
+        last = head_name(*skipind[-1])
+        hyp = {"model": g.name, "heads": {**{head_name(*h): "two-back" for h in twoback},
+                                          **{h: r for h, r in layer1.items() if h != last}},
+               "compositions": [(head_name(*w), head_name(*r), "K") for w in twoback for r in skipind[:-1]]}
+        res = g.grade(hyp, show=False)
+        if not (res.faithfulness is not None and res.faithfulness >= cc.FAITHFUL
+                and any(x.startswith("left out") for x in res.failures)):
+            out.append(f"with {last} left out the grader does not say a head was left out ({res.failures})")
     return out + _copying_paths(g, skipind, direct_copies=True)
 
 
@@ -91,6 +103,8 @@ def claim_problems(name: str, model, task, truth: dict | None = None) -> list[st
 def accept_problem(name: str, model, task, truth: dict) -> str | None:
     """Why a trained mystery cannot be shipped (one line), or None: its derived ground truth
     (``truth``) fails the grader, or a claim the chapter makes about it fails."""
+    if truth.get("accuracy", 1.0) <= 0.99:
+        return f"accuracy {truth['accuracy']:.3f} on the task (the chapter: above 0.99)"
     g = G.Grader(name, model, task)
     hyp = {"model": name, "heads": dict(truth["heads"]), "compositions": [tuple(c) for c in truth["compositions"]]}
     result = g.grade(hyp, show=False) if truth["heads"] else None
