@@ -241,6 +241,12 @@ def test_a_checkpoint_path_that_is_a_link_loop_is_named_as_one(tmp_path):
         load_checkpoint(tmp_path / "loop")
     with pytest.raises(FileNotFoundError, match="not found; train one"):
         load_checkpoint(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="a symbolic link that does not resolve"):
+        store.load_mystery("mystery-1", tmp_path / "loop")
+    (tmp_path / "mysteries").mkdir()
+    (tmp_path / "mysteries" / "mystery-1").symlink_to(tmp_path / "mysteries" / "mystery-1")
+    with pytest.raises(FileNotFoundError, match="a symbolic link that does not resolve"):
+        store.load_mystery("mystery-1", tmp_path / "mysteries")
 
 
 # ---- the shipped mysteries ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from attncircuits.checkpoints.pretrained import PRETRAINED_DIR, Checkpoint, load_checkpoint, save_checkpoint
 from attncircuits.checkpoints.settle import resolve_partial as resolve_checkpoint_partial
+from attncircuits.core import durable
 from attncircuits.data.tasks import task_from_dict
 
 MYSTERY_DIR = PRETRAINED_DIR / "mysteries"
@@ -78,6 +79,11 @@ def mystery_names(root: Path | None = None) -> list[str]:
 
 def load_mystery(name: str, root: Path | None = None) -> Mystery:
     """Load a shipped mystery (offline; its files checked against its manifest)."""
+    folder = Path(root) if root is not None else MYSTERY_DIR
+    for path in (folder, folder / name) if isinstance(name, str) else (folder,):
+        if durable.link_loop(path):
+            raise FileNotFoundError(f"{path} is a symbolic link that does not resolve (a loop); point it at a "
+                                    "folder of mysteries or remove it")
     names = mystery_names(root)
     if name not in names:
         raise KeyError(f"unknown mystery {name!r}; the mysteries are {', '.join(names) or 'none (train them with `' + TRAIN_COMMAND + '`)'}")
