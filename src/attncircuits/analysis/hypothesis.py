@@ -122,9 +122,9 @@ def parse(hypothesis, model_name: str, n_layers: int, n_heads: int) -> Hypothesi
         if not (isinstance(item, (tuple, list)) and len(item) == 3):
             raise HypothesisError(f"{COMP_FORM}; got {shown(item)}")
         w, r = (_head(x, n_layers, n_heads, model_name) for x in item[:2])
-        if not isinstance(item[2], str) or item[2].upper() not in cc.KINDS:
+        if not isinstance(item[2], str) or item[2].strip().upper() not in cc.KINDS:
             raise HypothesisError(f"composition kind {shown(item[2])} is not one of 'Q', 'K', 'V'")
-        kind = item[2].upper()
+        kind = item[2].strip().upper()  # as a head's "L.H", spaces around it are no mistake
         if w[0] >= r[0]:
             raise HypothesisError(f"{head_name(*w)}->{head_name(*r)}: a head composes with a head of an earlier "
                                   "layer; write (writer, reader, kind), writer first")
