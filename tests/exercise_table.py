@@ -463,6 +463,15 @@ wrong(C, "the seed ignored", lambda d, h, n, s=0: _rcs(d, h, n, 5), "the very sa
 wrong(C, "zeros", lambda d, h, n, s=0: torch.zeros(n), "same score")
 wrong(C, "a percentage", lambda *a: 100 * _rcs(*a), "above 1")
 wrong(C, "NaN", lambda d, h, n, s=0: torch.full((n,), float("nan")), "NaN")
+wrong(C, "rank one: a column times a row", lambda d, h, n, s=0: _rcs(d, 1, n, s), "rank one", "named",
+      avoid="draw each matrix as the product")
+wrong(C, "the factors in the other order", lambda d, h, n, s=0: (lambda g: (lambda a, b: torch.linalg.matrix_norm(
+    a @ b) / (torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b)))(*[torch.randn(n, h, d, generator=g) @ torch.randn(
+        n, d, h, generator=g) for _ in range(2)]))(torch.Generator().manual_seed(s)), "the other order", "named")
+wrong(C, "the spectral norm for the Frobenius", lambda d, h, n, s=0: (lambda a, b: torch.linalg.matrix_norm(a @ b, 2) / (
+    torch.linalg.matrix_norm(a, 2) * torch.linalg.matrix_norm(b, 2)))(*[(lambda g: torch.randn(n, d, h, generator=g) @ torch.randn(
+        n, h, d, generator=g))(torch.Generator().manual_seed(s + i)) for i in range(2)]), "check each step against the text",
+      avoid="draw each matrix as the product")
 right(C, "the solution", _sol("random_composition_scores"))
 right(C, "a loop of samples", lambda d, h, n, s=0: (lambda g: torch.stack([(lambda a, b: (a @ b).norm() / (
     a.norm() * b.norm()))(torch.randn(d, h, generator=g) @ torch.randn(h, d, generator=g),
@@ -958,7 +967,8 @@ def _hyp(model, heads, comps=()):
 
 M2 = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
 C = "ch12.check_mystery_2"
-wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}), "add nothing", "named")
+wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}),
+      "the task needs heads you did not name", "named", avoid="add nothing")
 wrong(C, "copying heads", _hyp("mystery-2", {k: "copying" for k in M2}), "as copying: score", "named")
 wrong(C, "previous-token heads", _hyp("mystery-2", {k: "previous-token" for k in M2}), "as previous-token: score",
       "named")
@@ -966,6 +976,17 @@ wrong(C, "a composition in one layer", _hyp("mystery-2", M2, [("0.0", "0.1", "K"
 wrong(C, "another mystery's", _hyp("mystery-1", M2), "this grader grades 'mystery-2'", "named")
 wrong(C, "a head the model lacks", _hyp("mystery-2", {**M2, "1.0": "skip-trigram"}), "has no head 1.0", "named")
 wrong(C, "no dict", lambda: [("0.0", "skip-trigram")], "should return a hypothesis dict", "named")
+wrong(C, "heads as pairs of floats", lambda: {"model": "mystery-2", "heads": {(0.0, 0.4): "skip-trigram",
+                                                                             (0.2, 1): "skip-trigram"}},
+      "is not a head: a head is 'L.H'", "named")
+wrong(C, "a role given as a list", _hyp("mystery-2", {"0.0": ["skip-trigram"], "0.1": "skip-trigram"}),
+      "is not a role: a role is one string", "named", avoid="could not be compared")
+wrong(C, "a role given as a dict", _hyp("mystery-2", {"0.0": {"role": "skip-trigram"}, "0.1": "skip-trigram"}),
+      "is not a role: a role is one string", "named", avoid="could not be compared")
+wrong(C, "compositions given as an int", lambda: {"model": "mystery-2", "heads": M2, "compositions": 0},
+      "'compositions' is a list", "named", avoid="could not be compared")
+wrong(C, "a head as a bool pair", _hyp("mystery-2", {(False, True): "skip-trigram", "0.0": "skip-trigram"}),
+      "is not a head", "named")
 right(C, "the two skip-trigram heads", _hyp("mystery-2", M2))
 right(C, "heads as pairs, no compositions key", lambda: {"model": "mystery-2", "heads": {(0, 0): "skip-trigram",
                                                                                        (0, 1): "skip-trigram"}})
@@ -1005,6 +1026,22 @@ def _grammar_by_running(model, task):
     return answers[logits.argmax(-1)].reshape(len(task.cues), len(task.triggers))
 
 
+def _sum_without_start(model, task):
+    """The cue's direct path and every head's paths from the trigger and the cue: BOS's left out."""
+    answers = torch.tensor(task.answer_tokens)
+    ov = [full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads)]
+    table = torch.zeros(len(task.cues), len(task.triggers), dtype=torch.long)
+    for i, cue in enumerate(task.cues):
+        for j, trig in enumerate(task.triggers):
+            row = torch.tensor([[0, trig, cue]])
+            with torch.no_grad():
+                _, cache = model.run_with_cache(row)
+                pat = cache.pattern[0][0, :, -1]
+                paths = model.W_E[cue] @ model.W_U + sum(pat[h, 1:] @ ov[h][row[0, 1:]] for h in range(len(ov)))
+            table[i, j] = answers[paths[answers].argmax()]
+    return table
+
+
 C = "ch12.check_grammar_2"
 wrong(C, "the task's own table", lambda model, task: task.table(), "the task's own table", "named")
 wrong(C, "indices into the answers", _grammar_rows(lambda g, m, t: g - t.answer_tokens[0]),
@@ -1018,28 +1055,50 @@ wrong(C, "the triggers in reverse", _grammar_rows(lambda g, m, t: g.flip(1)), "e
 wrong(C, "token 0 everywhere", lambda model, task: torch.zeros(2, 6, dtype=torch.long), "all zeros")
 wrong(C, "the package's model_grammar", lambda model, task: model_grammar(model, task), "the package's own answer",
       "named")
+wrong(C, "the sum of paths without the start token's", _sum_without_start, "start token's path is missing", "named")
 right(C, "the sum of paths on BOS, trigger, cue", _grammar_rows(lambda g, m, t: g))
 right(C, "the model run on rows BOS, trigger, cue", _grammar_by_running)
 wrong(C, "a list of lists", _grammar_rows(lambda g, m, t: g.tolist()), "should be a torch.Tensor", "rejected")
 wrong(C, "the answers as floats", _grammar_rows(lambda g, m, t: g.float()), "dtype torch.float32")
-wrong(C, "the answers as int32 ids", _grammar_rows(lambda g, m, t: g.int()), "dtype torch.int32")
+right(C, "the answers as int32 ids", _grammar_rows(lambda g, m, t: g.int()))  # the text asks for token ids
 
 M3 = {"0.0": "previous-token", "0.1": "previous-token", "0.2": "previous-token", "0.3": "previous-token",
       "1.0": "duplicate-token", "1.1": "duplicate-token", "1.3": "duplicate-token"}
 M3V = [("0.1", "1.0", "V"), ("0.1", "1.1", "V"), ("0.1", "1.3", "V")]
+M3V_EACH = [("0.0", "1.0", "V"), ("0.1", "1.3", "V"), ("0.2", "1.1", "V"), ("0.3", "1.0", "V")]
 C = "ch12.check_mystery_3"
 wrong(C, "another head: 1.2 for 1.3", _hyp("mystery-3", {**{k: r for k, r in M3.items() if k != "1.3"},
-                                                          "1.2": "duplicate-token"}, M3V[:2] + [("0.1", "1.2", "V")]),
+                                                          "1.2": "duplicate-token"}, M3V_EACH[:1] + [
+    ("0.1", "1.2", "V"), ("0.2", "1.1", "V"), ("0.3", "1.0", "V")]),
       "1.2 as duplicate-token: score", "named")
-wrong(C, "no composition", _hyp("mystery-3", M3), "reads no named head", "named")
-wrong(C, "K instead of V", _hyp("mystery-3", M3, [(w, r, "K") for w, r, _ in M3V]), "K: -", "named")
+wrong(C, "no composition", _hyp("mystery-3", M3), "no named head (no composition", "named")
+wrong(C, "K instead of V", _hyp("mystery-3", M3, [(w, r, "K") for w, r, _ in M3V_EACH]), "K: -", "named")
 wrong(C, "induction, not duplicate-token", _hyp("mystery-3", {k: ("induction" if r == "duplicate-token" else r)
-                                                              for k, r in M3.items()}, M3V), "as induction: score", "named")
-wrong(C, "layer 1 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "1"}), "needed: the", "named")
-wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3V), "is not a role of the course",
+                                                              for k, r in M3.items()}, M3V_EACH), "as induction: score", "named")
+wrong(C, "layer 1 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "1"}),
+      "the task needs heads you did not name", "named", avoid="does 1.")
+wrong(C, "layer 0 alone", _hyp("mystery-3", {k: r for k, r in M3.items() if k[0] == "0"}),
+      "the task needs heads you did not name", "named", avoid="does 0.")
+wrong(C, "a role the course lacks", _hyp("mystery-3", {**M3, "0.0": "mover"}, M3V_EACH), "is not a role of the course",
       "named")
-right(C, "three V compositions from 0.1", _hyp("mystery-3", M3, M3V))
-right(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]))
+wrong(C, "heads as pairs of floats, truncated into the true ones", _hyp(
+    "mystery-3", {(0.9, 1.2): "previous-token", **{k: r for k, r in M3.items() if k != "0.1"}},
+    [("0.0", "1.0", "V")]), "is not a head: a head is 'L.H'", "named")
+wrong(C, "a composition's head as nested lists", _hyp("mystery-3", M3, [([[0], [1]], "1.0", "V")]),
+      "is not a head", "named")
+wrong(C, "a composition kind as an int", _hyp("mystery-3", M3, [("0.1", "1.0", 2)]),
+      "is not one of 'Q', 'K', 'V'", "named", avoid="could not be compared")
+wrong(C, "compositions as a dict", lambda: {"model": "mystery-3", "heads": M3, "compositions": {"0.1": "1.0"}},
+      "'compositions' is a list", "named", avoid="could not be compared")
+wrong(C, "three V compositions from 0.1: 0.0, 0.2, 0.3 named, feeding nothing named", _hyp("mystery-3", M3, M3V),
+      "0.0 feeds no named head", "named")
+wrong(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r, "v") for r in ("1.0", "1.1", "1.3")]),
+      "feeds no named head", "named")
+right(C, "one V composition out of each previous-token head, one into each duplicate-token head",
+      _hyp("mystery-3", M3, M3V_EACH))
+right(C, "every V composition at 3 sd (the derived circuit's)", lambda: {
+    "model": "mystery-3", "heads": dict(M3), "compositions": [tuple(c) for c in __import__(
+        "attncircuits.checkpoints.mysteries", fromlist=["x"]).load_mystery("mystery-3").ground_truth["compositions"]]})
 
 def _paths(change):
     """The reference answer_paths, changed."""

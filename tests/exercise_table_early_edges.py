@@ -341,6 +341,9 @@ def _package_answers_9_to_12(wrong, said) -> None:
     wrong("ch11.check_loss_pca_2d", "phase.loss_pca", lambda x: torch.from_numpy(phase.loss_pca(
         {"all": np.asarray(x, dtype=np.float64)}).coords["all"]), said, "named")
     wrong("ch12.check_copy_attention", "the package's copy_attention", cc.copy_attention, said, "named")
+    wrong("ch12.check_copy_attention", "the reference's own body: attention_to with match_targets",
+          lambda pattern, tokens, shift: cc.attention_to(pattern[None], cc.match_targets(tokens, shift))[0], said,
+          "named")
     wrong("ch12.check_circuit_shares", "the package's circuit_shares", cc.circuit_shares, said, "named")
     wrong("ch12.check_grammar_2", "model_grammar", lambda model, task: cc.model_grammar(model, task), said, "named")
     wrong("ch12.check_answer_paths", "the package's answer_paths", lambda model, tokens: cc.answer_paths(model, tokens),

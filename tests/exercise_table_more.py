@@ -23,6 +23,7 @@ def add(wrong, right, sol) -> None:
     _one_layer_only(wrong, right, sol)
     _induction_heads(wrong, right, sol)
     _messages(wrong, right, sol)
+    _what_the_text_allows(wrong, right, sol)
 
 
 def _last(m) -> int:
@@ -179,3 +180,21 @@ def _messages(wrong, right, sol) -> None:
     right("ch09.check_zero_ablated_loss", "the values zeroed at hook_v", lambda tl, t, l, h: tl.run_with_hooks(
         t, return_type="loss", loss_per_token=True,
         fwd_hooks=[(f"blocks.{l}.attn.hook_v", lambda v, hook: v * (torch.arange(v.shape[2]) != h)[:, None])]))
+
+
+def _what_the_text_allows(wrong, right, sol) -> None:
+    """Right answers in a form the exercise text allows (numpy integers where an int is asked,
+    int32 counts, a numpy array where no tensor is asked), and wrong ones whose type message must
+    say what the answer is (a complex number, a tensor of 16 numbers) before any fix."""
+    import numpy as np
+
+    right("ch11.check_rise_window", "numpy integers",
+          lambda *a, **k: tuple(np.int64(x) for x in sol("rise_window")(*a, **k)))
+    right("ch11.check_best_induction_head", "numpy integers",
+          lambda *a, **k: tuple(np.int64(x) for x in sol("best_induction_head")(*a, **k)))
+    right("ch02.check_bigram_counts", "int32 counts", lambda *a: sol("bigram_counts")(*a).int())
+    right("ch01.check_attention_pattern", "a numpy array", lambda *a: sol("attention_pattern")(*a).detach().numpy())
+    wrong("ch04.check_copying_score", "complex, without .real", lambda *a: torch.tensor(complex(sol("copying_score")(*a))),
+          "returns a complex 0-d tensor", "named", avoid="`float(...)` turns it into one")
+    wrong("ch07.check_icl_score", "one score per row of the batch", lambda *a: torch.full((16,), float(
+        sol("icl_score")(*a))), "16 numbers", "named", avoid="turns it into one")

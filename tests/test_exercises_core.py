@@ -116,8 +116,12 @@ def test_bad_outputs_one_line_each(capsys):
     out = one_line(capsys)
     assert out.startswith("✗ scores: raised RuntimeError at line 2 of raises (`y = x @ x"), out
     assert "Traceback" not in out
-    assert check(lambda x, d: (x @ x.T / d**0.5).numpy()) is False
-    assert "should be a torch.Tensor of shape [3, 3], got a ndarray" in one_line(capsys)
+    assert check(lambda x, d: (x @ x.T / d**0.5).tolist()) is False
+    assert "should be a torch.Tensor of shape [3, 3], got a list of 3" in one_line(capsys)
+    assert check(lambda x, d: (x @ x.T / d**0.5).numpy()) is True  # the numbers asked, as numpy: right
+    assert one_line(capsys).startswith("✓")
+    assert check(lambda x, d: (x @ x.T / d**0.5).numpy().astype(object)) is False  # no numbers numpy can hold
+    assert "should be a torch.Tensor of shape [3, 3], got a numpy.ndarray" in one_line(capsys)
     assert check(lambda x, d: (x @ x.T / d**0.5) * (x[0, 0] / x[0, 0])) is False  # 0 / 0 on the first case
     assert "NaN in" in one_line(capsys)
     assert check(lambda x, d: (x @ x.T / d**0.5).double()) is True  # float64 where float32 is asked: right

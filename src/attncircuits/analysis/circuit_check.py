@@ -83,7 +83,7 @@ def copy_attention(pattern: Float[Tensor, "batch head q k"], tokens: Int[Tensor,
     query's token (0: the copy itself, a duplicate-token head; 1: the token after it, chapter 6's
     prefix matching; 2: two after it), over the batch and the queries that have such a key
     (exercise 12.1). The start token (id 0) is no query."""
-    return attention_to(pattern[None], _match_targets(tokens, shift))[0]
+    return attention_to(pattern[None], match_targets(tokens, shift))[0]
 
 
 def attention_to(pat: Tensor, targets: Tensor) -> Tensor:
@@ -95,10 +95,9 @@ def attention_to(pat: Tensor, targets: Tensor) -> Tensor:
 
 
 def circuit_shares(clean: float, none: float, keep: float, cut: float) -> tuple[float, float]:
-    """(faithfulness, completeness) from four task losses: the model's (``clean``), with every head
-    mean-ablated (``none``), with every head but the circuit's ablated (``keep``) and with the
-    circuit's ablated (``cut``): the share of the gap ``none - clean`` that the circuit alone closes,
-    and the share that removing it reopens (exercise 12.2)."""
+    """(faithfulness, completeness) from the task losses of the model (``clean``), with every head
+    mean-ablated (``none``), every head but the circuit's (``keep``) and the circuit's (``cut``):
+    the shares of the gap ``none - clean`` the circuit alone closes and its removal reopens (12.2)."""
     gap = none - clean
     return (none - keep) / gap, (cut - clean) / gap
 
@@ -109,7 +108,7 @@ def _offset_targets(tokens: Tensor, back: int) -> Tensor:
     return ((k == q - back) & (q > 0)).expand(b, n, n)  # the start token's attention to itself is no choice
 
 
-def _match_targets(tokens: Tensor, shift: int) -> Tensor:
+def match_targets(tokens: Tensor, shift: int) -> Tensor:
     """Keys ``k <= q`` whose token ``shift`` places earlier is the query's token, an earlier copy."""
     b, n = tokens.shape
     src = torch.full_like(tokens, -1)
@@ -179,7 +178,7 @@ def role_scores(model, task, n_rows: int = 64, seed: int = 1) -> dict[str, Tenso
     task_rows = task.batch(n_rows, seed)
     copy_seq = min(25, model.cfg.n_ctx - 1)
     return {
-        "current-token": attention_to(pat, _offset_targets(t, 0) & _match_targets(t, 0).any(-1, keepdim=True)),
+        "current-token": attention_to(pat, _offset_targets(t, 0) & match_targets(t, 0).any(-1, keepdim=True)),
         "previous-token": torch.stack([mean_attention_by_offset(p, 2)[:, 1] for p in first]),
         "two-back": torch.stack([mean_attention_by_offset(p, 2)[:, 2] for p in first]),
         "duplicate-token": torch.stack([copy_attention(p, t, 0) for p in pat]),
@@ -287,22 +286,42 @@ def left_out(ab: "Ablator", heads: dict[Head, str]) -> LeftOut:
     return max(found, key=lambda x: x.gap)
 
 
+def _unlinked(heads: dict[Head, str], z: dict) -> Head | None:
+    """The head of ``heads`` that after the first layer reads none of them, or before the last feeds
+    none, at :data:`COMPOSES` (the least linked of such heads); None when every head is linked."""
+    layers = sorted({layer for layer, _ in heads})
+    loose = {}
+    for h in heads:
+        reads = [v for (w, r, _), v in z.items() if r == h and w in heads]
+        feeds = [v for (w, r, _), v in z.items() if w == h and r in heads]
+        for links, needed in ((reads, h[0] > layers[0]), (feeds, h[0] < layers[-1])):
+            if needed and max(links, default=float("-inf")) < COMPOSES:
+                loose[h] = min(loose.get(h, float("inf")), max(links, default=float("-inf")))
+    return min(loose, key=loose.get) if loose else None
+
+
 def derive_circuit(model, task) -> dict:
     """A circuit found from the measurements alone, as a hypothesis dict with its numbers: every
     head with a role (:func:`best_roles`), less the roles whose heads add under :data:`NEEDED` of
-    the task (:func:`group_shares`), and every composition above :data:`COMPOSES` into a head of
-    a later layer from a head of the circuit."""
+    the task (:func:`group_shares`) and the heads with no composition above :data:`COMPOSES`
+    linking them to the rest (a head after the circuit's first layer that reads none of its
+    heads, one before its last that feeds none: chapter 12's grader refuses both), and every
+    composition above :data:`COMPOSES` into a head of a later layer from a head of the circuit."""
     ab = Ablator(model, task)
     heads = best_roles(role_scores(model, task))
+    z = composition_z(model) if model.cfg.n_layers > 1 else {}
     while heads:
         shares = group_shares(ab, heads)
         weakest = min(shares, key=shares.get)
-        if shares[weakest] >= NEEDED:
+        if shares[weakest] < NEEDED:
+            heads = {h: r for h, r in heads.items() if r != weakest}
+        elif unlinked := _unlinked(heads, z):  # no edge into the circuit at COMPOSES: not on its path
+            heads = {h: r for h, r in heads.items() if h != unlinked}
+        else:
             break
-        heads = {h: r for h, r in heads.items() if r != weakest}
     comps = []
     if model.cfg.n_layers > 1 and heads:
-        comps = [[head_name(*w), head_name(*r), k] for (w, r, k), v in composition_z(model).items()
+        comps = [[head_name(*w), head_name(*r), k] for (w, r, k), v in z.items()
                  if w in heads and r in heads and v >= COMPOSES]
     return {
         "heads": {head_name(*h): r for h, r in sorted(heads.items())},
@@ -328,8 +347,8 @@ def measure_ground_truth(model, task) -> dict:
 
 
 def describe_ground_truth(truth: dict) -> str:
-    heads = ", ".join(f"{h} {r}" for h, r in truth["heads"].items())
-    comps = ", ".join(f"{w}->{r} {k}" for w, r, k in truth["compositions"]) or "none"
+    heads, comps = (", ".join(" ".join(x) for x in truth["heads"].items()),
+                    ", ".join(f"{w}->{r} {k}" for w, r, k in truth["compositions"]) or "none")
     return (f"accuracy {truth['accuracy']:.3f}; circuit: {heads}; compositions: {comps}; "
             f"faithfulness {truth['faithfulness']:.2f}, completeness {truth['completeness']:.2f}")
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attncircuits.checkpoints.pretrained import PRETRAINED_DIR, Checkpoint, load_checkpoint, save_checkpoint
-from attncircuits.core.manifest import write_manifest
+from attncircuits.checkpoints.settle import resolve_partial as resolve_checkpoint_partial
+from attncircuits.core import durable
 from attncircuits.data.tasks import task_from_dict
 
 MYSTERY_DIR = PRETRAINED_DIR / "mysteries"
 TRAIN_COMMAND = "python -m attncircuits.train.mystery"
+TRUTH = "ground_truth.json"
 
 
 def write_task_tokenizer(task, path: Path) -> Path:
@@ -35,13 +37,21 @@ def write_task_tokenizer(task, path: Path) -> Path:
 
 def save_mystery(model, name: str, tokenizer_path: Path, meta: dict, history: dict, truth: dict,
                  out_root: Path | None = None) -> Path:
-    """Write mystery ``name`` (weights, config with its task, history, ground truth) in one swap."""
+    """Write mystery ``name`` (weights, config with its task, history, ground truth) in one swap:
+    the ground truth is a file of the checkpoint, so a kill at any moment leaves the old mystery
+    whole or the new one whole (a leftover ``NAME.partial``: :func:`resolve_partial`)."""
     root = Path(out_root) if out_root is not None else MYSTERY_DIR
     root.mkdir(parents=True, exist_ok=True)
-    directory = save_checkpoint(model, root / name, tokenizer_path, meta=meta, history=history, overwrite=True)
-    (directory / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
-    write_manifest(directory)
-    return directory
+    return save_checkpoint(model, root / name, tokenizer_path, meta=meta, history=history, overwrite=True,
+                           files={TRUTH: json.dumps(truth, indent=1) + "\n"})
+
+
+def resolve_partial(name: str, root: Path | None = None) -> str | None:
+    """Settle what a killed save of mystery ``name`` left (see
+    :func:`~attncircuits.checkpoints.pretrained.resolve_partial`): a finished mystery, with its
+    ground truth, is never lost. One line saying what was done, or None."""
+    root = Path(root) if root is not None else MYSTERY_DIR
+    return resolve_checkpoint_partial(root / name, needs=(TRUTH,))
 
 
 @dataclass
@@ -69,6 +79,11 @@ def mystery_names(root: Path | None = None) -> list[str]:
 
 def load_mystery(name: str, root: Path | None = None) -> Mystery:
     """Load a shipped mystery (offline; its files checked against its manifest)."""
+    folder = Path(root) if root is not None else MYSTERY_DIR
+    for path in (folder, folder / name) if isinstance(name, str) else (folder,):
+        if durable.link_loop(path):
+            raise FileNotFoundError(f"{path} is a symbolic link that does not resolve (a loop); point it at a "
+                                    "folder of mysteries or remove it")
     names = mystery_names(root)
     if name not in names:
         raise KeyError(f"unknown mystery {name!r}; the mysteries are {', '.join(names) or 'none (train them with `' + TRAIN_COMMAND + '`)'}")

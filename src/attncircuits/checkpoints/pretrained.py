@@ -106,12 +106,15 @@ def write_checkpoint_files(
     history: dict | None = None,
     snapshots: dict[int, dict] | None = None,
     folders: dict[str, Path] | None = None,
+    files: dict[str, str] | None = None,
 ) -> None:
     """Write a checkpoint's files into the empty folder ``directory`` and make them durable.
 
     Any model class: ``state_dict`` (tensors, stored as given) and ``config`` (JSON; the SHA-256 of
     the tokenizer is added, so loading can tell that the tokenizer belongs to these weights).
-    ``folders`` (name -> folder) are copied in too (e.g. the corpus files a run prepared)."""
+    ``folders`` (name -> folder) are copied in too (e.g. the corpus files a run prepared), and
+    ``files`` (name -> text) written (e.g. a mystery's ground truth): all of them are in the
+    manifest, and so in the one swap that puts the checkpoint in place."""
     directory.mkdir(exist_ok=True)
     save_weights(state_dict, directory / "model.safetensors")
     shutil.copyfile(tokenizer_path, directory / "tokenizer.json")
@@ -125,6 +128,8 @@ def write_checkpoint_files(
             save_weights(sd, directory / "snapshots" / f"step_{step:06d}.safetensors")
     for name, src in (folders or {}).items():
         shutil.copytree(src, directory / name)
+    for name, text in (files or {}).items():
+        (directory / name).write_text(text)
     write_manifest(directory)
     durable.fsync_tree(directory)
 
@@ -138,11 +143,15 @@ def save_checkpoint(
     snapshots: dict[int, dict] | None = None,
     overwrite: bool = False,
     dtype=torch.float16,
+    files: dict[str, str] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically: into ``<dir>.partial`` first, then renamed.
 
     Only a folder this package wrote (see :func:`is_checkpoint_dir`) is ever replaced, and only
-    with ``overwrite``; the old one is removed only once the new one is in its place.
+    with ``overwrite``; the old one is removed only once the new one is in its place. ``files``
+    (name -> text) are part of the checkpoint (see :func:`write_checkpoint_files`). A save killed
+    half-way leaves ``<dir>.partial``: :func:`attncircuits.checkpoints.settle.resolve_partial` puts
+    the right model back in place.
     """
     directory = Path(directory)
     check_replaceable(directory, overwrite)
@@ -153,7 +162,7 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         write_checkpoint_files(tmp / "final", state_dict_for_save(model, dtype), {"model": model.course_config().to_dict(), **(meta or {})},
-                               tokenizer_path, history, snapshots)
+                               tokenizer_path, history, snapshots, files=files)
         with durable.hold_signals():
             swap_into(directory, tmp / "final", tmp / "old", lambda: check_replaceable(directory, overwrite))
     finally:
@@ -268,6 +277,9 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", v
         exists = directory.is_dir()
     except OSError as err:  # e.g. a name too long for the file system
         raise FileNotFoundError(f"checkpoint directory {str(directory)[:80]!r} cannot be read ({err.strerror})") from None
+    if not exists and durable.link_loop(directory):
+        raise FileNotFoundError(f"checkpoint directory {directory} is a symbolic link that does not resolve (a loop); "
+                                "point it at a model folder or remove it")
     if not exists:
         raise FileNotFoundError(f"checkpoint directory {directory} not found; train one with `python -m attncircuits.train`")
     if verify:

@@ -8,6 +8,7 @@ sequence in two: the first one waits for the end of the block, a second one inte
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -79,6 +80,17 @@ def real_folder(given: Path | str, label: str = "") -> Path:
     if not real.name or real.parent == real:
         raise ValueError(f"{label}{given} is not a folder this program can create; name a new folder")
     return real
+
+
+def link_loop(path: Path) -> bool:
+    """Whether ``path`` (or a folder above it) is a symbolic link that never resolves (a loop)."""
+    try:
+        Path(path).resolve(strict=True)
+    except RuntimeError:  # Python before 3.13 raises this for a loop
+        return True
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
 
 
 def unwritable(folder: Path) -> str | None:

@@ -17,6 +17,7 @@ the batches (a task's rows) and the loss mask differ.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from attncircuits.analysis import circuit_check as cc
+from attncircuits.analysis.mystery_claims import accept_problem
 from attncircuits.checkpoints import mysteries as store
 from attncircuits.checkpoints.pretrained import check_replaceable
 from attncircuits.core import durable
@@ -126,23 +128,48 @@ def intended_problem(truth: dict, intended: dict) -> str | None:
     return None
 
 
-def train_mystery(name: str, out_root: Path | None = None, progress: bool = True, log=print) -> Path:
-    """Train mystery ``name``, measure its circuit, and write it (weights, config, ground truth)."""
+#: seeds a mystery's training tries (the recipe's, then the next ones) before it gives up
+TRIES = 3
+
+
+def train_mystery(name: str, out_root: Path | None = None, progress: bool = True, log=print,
+                  seed: int | None = None, tries: int = TRIES) -> Path:
+    """Train mystery ``name``, measure its circuit, and write it (weights, config, ground truth).
+
+    A trained model is accepted only when its measured circuit is the intended one, the circuit
+    derived from the measurements passes chapter 12's grader, and every claim the chapter makes
+    about the mystery holds (:func:`~attncircuits.analysis.mystery_claims.accept_problem`);
+    otherwise it is retrained with the next seed, saying why, up to ``tries`` seeds. ``seed``
+    replaces the recipe's first seed (nothing else of the recipe changes)."""
     if name not in MYSTERIES:
         raise KeyError(f"unknown mystery {name!r}; the mysteries are {', '.join(MYSTERIES)}")
     spec = MYSTERIES[name]
-    t0 = time.time()
-    model, history = train_task(spec.model, spec.task, spec.train, progress, log)
-    train_s = time.time() - t0
-    truth = cc.measure_ground_truth(model, spec.task)
-    truth["train_seconds"] = round(train_s, 1)
-    truth["steps"] = spec.train.steps
-    log(cc.describe_ground_truth(truth))
-    if problem := intended_problem(truth, spec.intended):
-        raise MysteryNotFormed(f"{name}: training did not give the intended circuit ({problem}); nothing written: "
-                               "change the task or the recipe in attncircuits.train.mystery and retrain")
-    meta = {"mystery": name, "task": task_to_dict(spec.task), "train": {"steps": spec.train.steps, "seed": spec.train.seed,
-            "batch_size": spec.train.batch_size, "lr": spec.train.lr}}
+    first = spec.train.seed if seed is None else seed
+    if said := store.resolve_partial(name, out_root):  # before training: a stopped save's leftover
+        log(said)
+    refused = []
+    for s in range(first, first + tries):
+        train = dataclasses.replace(spec.train, seed=s)
+        t0 = time.time()
+        model, history = train_task(spec.model, spec.task, train, progress, log)
+        train_s = time.time() - t0
+        truth = cc.measure_ground_truth(model, spec.task)
+        truth.update(train_seconds=round(train_s, 1), steps=train.steps, seed=s)
+        log(cc.describe_ground_truth(truth))
+        problem = intended_problem(truth, spec.intended)
+        problem = (f"training did not give the intended circuit ({problem})" if problem
+                   else accept_problem(name, model, spec.task, truth))
+        if problem is None:
+            break
+        refused.append(f"seed {s}: {problem}")
+        log(f"{name}, seed {s}, not accepted: {problem}" + (f"; retraining with seed {s + 1}" if s + 1 < first + tries
+                                                             else ""))
+    else:
+        raise MysteryNotFormed(f"{name}: no seed of {first}-{first + tries - 1} was accepted ({'; '.join(refused)}); "
+                               "nothing written: change the task or the recipe in attncircuits.train.mystery "
+                               "and retrain")
+    meta = {"mystery": name, "task": task_to_dict(spec.task), "train": {"steps": train.steps, "seed": s,
+            "batch_size": train.batch_size, "lr": train.lr}, "refused": refused}
     with tempfile.TemporaryDirectory() as tmp:
         tok = store.write_task_tokenizer(spec.task, Path(tmp) / "tokenizer.json")
         return store.save_mystery(model, name, tok, meta, history, truth, out_root)
@@ -169,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attncircuits.train.mystery", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", help=f"mysteries to train (default: all of {', '.join(MYSTERIES)})")
     p.add_argument("--out", type=Path, default=None, help="folder of the mysteries (default: the shipped one)")
+    p.add_argument("--seed", type=int, default=None, help="the training seed (default: the recipe's)")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in MYSTERIES]
     if unknown:
@@ -184,10 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    for name in names:  # a save stopped by a kill is settled before any training (nothing finished is lost)
+        try:
+            if said := store.resolve_partial(name, root):
+                print(said, file=sys.stderr)
+        except FileExistsError as err:
+            print(err, file=sys.stderr)
+            return 2
     torch.set_num_threads(1)
     for name in names:
         try:
-            path = train_mystery(name, root)
+            path = train_mystery(name, root, seed=args.seed)
         except MysteryNotFormed as err:
             print(err, file=sys.stderr)
             return 1

@@ -7,12 +7,14 @@ Part of the check machinery (see :mod:`._core`).
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from attncircuits.course.exercises._run import _Stop
+from attncircuits.course.exercises._case import _Stop
 
 
 # ---- comparing -----------------------------------------------------------------------------------
@@ -21,15 +23,31 @@ def _describe_type(x) -> str:
         return f"a tensor of shape {list(x.shape)}"
     if isinstance(x, (tuple, list)):
         return f"a {type(x).__name__} of {len(x)}"
-    return f"a {type(x).__name__}"
+    mod = type(x).__module__.split(".")[0]
+    name = type(x).__name__ if mod == "builtins" else f"{mod}.{type(x).__name__}"
+    return f"a{'n' if name[0] in 'aeiou' else ''} {name}"
+
+
+def is_number(x) -> bool:
+    """A real number of Python's or numpy's (``numpy.int64``, ``numpy.float32``), never a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
 
 
 def _numbers_as_list(got, expected):
-    """A 1-D tensor where a list (or tuple) of numbers is asked: the same numbers, as that list."""
+    """What the text allows, as the reference gives it: a 1-D tensor where a list (or tuple) of
+    numbers is asked, as that list; numpy's numbers as Python's (one by one in a list or tuple);
+    a numpy array where a tensor is asked, as a tensor (the text asks for the numbers)."""
     if (isinstance(expected, (tuple, list)) and isinstance(got, Tensor) and got.ndim == 1
             and len(got) == len(expected) and all(isinstance(e, (int, float)) and not isinstance(e, bool)
                                                    for e in expected)):
         return type(expected)(got.tolist())
+    if isinstance(expected, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(expected):
+        return type(got)(_numbers_as_list(g, e) for g, e in zip(got, expected))
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and isinstance(got, np.generic) \
+            and is_number(got):
+        return got.item()
+    if isinstance(expected, Tensor) and isinstance(got, np.ndarray) and got.dtype.kind in "biufc":
+        return torch.from_numpy(np.ascontiguousarray(got))
     return got
 
 
@@ -82,8 +100,11 @@ _PRECISE = (torch.float32, torch.float64)
 
 def _same_kind(got: torch.dtype, expected: torch.dtype) -> bool:
     """float32 and float64 both hold a float answer to the checks' tolerance (so do complex64
-    and complex128); half precision and integers do not."""
+    and complex128, and int32 and int64 an integer one); half precision and a float for an integer
+    do not."""
     if got in _PRECISE and expected in _PRECISE:
+        return True
+    if {got, expected} <= {torch.int32, torch.int64}:  # counts and ids: both hold them exactly
         return True
     return {got, expected} <= {torch.complex64, torch.complex128}
 

@@ -127,20 +127,32 @@ def _kind(x) -> str:
 
 def wrong_type(got, returns) -> str | None:
     """The message when ``got`` is not of the type the exercise asks (``float`` or ``int``), else
-    None. A float is a Python float (a numpy float64 is one); an int is a Python int, not a bool."""
+    None. A float is a Python or numpy float; an int a Python or numpy integer, never a bool. The
+    message says what ``got`` is before any fix (a complex number, a tensor of 16 numbers): a fix
+    that cannot work on it (``float()`` of a complex tensor) is never suggested."""
     if returns is None:
         return None
+    is_bool = isinstance(got, (bool, np.bool_))
     if returns is float:
-        ok = isinstance(got, float)
+        ok = isinstance(got, (float, np.floating)) and not is_bool
         fix = "`float(...)` turns it into one"
     elif returns is int:
-        ok = isinstance(got, int) and not isinstance(got, bool)
+        ok = isinstance(got, (int, np.integer)) and not is_bool
         fix = "`int(...)` turns it into one"
     else:
         return None
     if ok:
         return None
-    return f"returns {_kind(got)}; the exercise asks for a{'n' if returns is int else ''} {returns.__name__} ({fix})"
+    asks = f"the exercise asks for a{'n' if returns is int else ''} {returns.__name__}"
+    complex_ = (isinstance(got, Tensor) and got.is_complex()) or isinstance(got, (complex, np.complexfloating))
+    if complex_:
+        what = f"a complex {got.ndim}-d tensor" if isinstance(got, Tensor) else "a complex number"
+        return (f"returns {what}; {asks}: a complex value has no single float (take the part the text "
+                f"asks for, e.g. `.real`, then {fix.split(' turns')[0]})")
+    if isinstance(got, Tensor) and got.numel() > 1:
+        return (f"returns {_kind(got)}, {got.numel()} numbers where {asks}, one number: is a mean or a sum "
+                f"over an axis missing (a batch of {got.shape[0]}?)")
+    return f"returns {_kind(got)}; {asks} ({fix})"
 
 
 # ---- generated cases -------------------------------------------------------------------------------

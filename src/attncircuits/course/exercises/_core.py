@@ -113,11 +113,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from attncircuits.checkpoints import modelset
+from attncircuits.course.exercises._case import Case, Diagnosis, Identity, _Stop
 from attncircuits.course.exercises._compare import _describe_type, name_axes
 from attncircuits.course.exercises._contract import Draw, arg_names, changed_inputs, describe, text_names
 from attncircuits.course.exercises._inputs import other_heads, random_model, random_tokens, shipped
 from attncircuits.course.exercises._judge import _compare_one, _fits
-from attncircuits.course.exercises._run import NOT_ATTEMPTED, Method, _call, _first_line, _Stop, untouched
+from attncircuits.course.exercises._run import NOT_ATTEMPTED, Method, _call, _first_line, untouched
 
 __all__ = [
     "Case", "Diagnosis", "Draw", "Identity", "Method", "guarded", "other_heads", "run_check", "shipped", "random_model",
@@ -130,42 +131,6 @@ MIN_CALL_LIMIT = 5.0  # seconds one call may always take, however fast the refer
 CALL_FACTOR = 100  # ... and this many times the reference's time on the same case
 N_GENERATED = 24  # generated cases per check, when it has a generator
 CASES_RUN: dict[str, tuple[list, tuple]] = {}  # "ch10.check_frozen_ln" -> (its last cases, identities), for tests
-
-
-@dataclass
-class Case:
-    """One input the learner's function is run on; ``label`` names it in messages."""
-
-    label: str
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    kind: str = "shipped"  # "shipped", "random", "hand-built" or "generated"
-    expected: Any = None  # the reference's output; computed by run_check when None
-    others: Callable[[], list[tuple[str, tuple]]] | None = None  # (label, args) of neighbouring inputs
-    grad: bool = False  # run the learner's call with autograd on (to check its gradient)
-
-
-@dataclass
-class Diagnosis:
-    """A typical mistake: ``wrong(expected, case)`` is what it produces, ``message`` names it.
-
-    Where a mistake is better recognised by a property of the learner's output than by its exact
-    value (e.g. attention on future keys, whatever else is wrong), give ``applies(got, expected,
-    case) -> bool`` instead of ``wrong``."""
-
-    message: str
-    wrong: Callable[[Any, Case], Any] | None = None
-    applies: Callable[[Any, Any, Case], bool] | None = None
-
-
-@dataclass
-class Identity:
-    """A fact the exercise's text states about its inputs (``holds(*args)``: e.g. the components
-    sum to ``resid``); every case of the check, fixed or generated, must satisfy it (a test
-    asserts so for every check)."""
-
-    text: str
-    holds: Callable[..., bool]
 
 
 # ---- reporting -----------------------------------------------------------------------------------

@@ -6,17 +6,12 @@ Part of the check machinery (see :mod:`._core`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
+from attncircuits.course.exercises._case import Case, Diagnosis, _Stop
 from attncircuits.course.exercises._compare import _close, _finite, _generic_mismatch, _numbers_as_list, _structure
 from attncircuits.course.exercises._contract import wrong_type
-from attncircuits.course.exercises._run import _Stop
-
-if TYPE_CHECKING:
-    from attncircuits.course.exercises._core import Case, Diagnosis
 
 
 def _dims(case: Case) -> dict[str, int]:

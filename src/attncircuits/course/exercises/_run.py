@@ -21,29 +21,19 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from attncircuits.course.exercises._case import Case, _Stop
 from attncircuits.course.exercises._withhold import Withheld, withhold
-
-if TYPE_CHECKING:
-    from attncircuits.course.exercises._core import Case
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
 _LIBRARY_DIRS = tuple(
     {str(Path(p).resolve()) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])}
 ) + (_PACKAGE_DIR,)
 
-
-
-class _Stop(Exception):
-    """Ends a check early with a message (internal)."""
-
-    def __init__(self, message: str, ok: bool | None = False):
-        super().__init__(message)
-        self.message, self.ok = message, ok
 
 
 _STOPPING: set[int] = set()  # the threads whose time is up

@@ -19,8 +19,9 @@ N_TARGET = 20_000  # samples of the reference's distribution each learner's samp
 @functools.lru_cache(maxsize=None)
 def variant_scores(d_model: int, d_head: int, n: int, how: str, seed: int = 99) -> Tensor:
     """Scores of ``n`` random pairs drawn one usual wrong way: ``full`` (full-rank matrices),
-    ``same`` (one matrix as writer and reader), ``uniform`` (torch.rand factors) or ``symmetric``
-    (``U @ U.T``: one factor used twice)."""
+    ``same`` (one matrix as writer and reader), ``uniform`` (torch.rand factors), ``symmetric``
+    (``U @ U.T``: one factor used twice), ``rank-one`` (factors of one column and one row) or
+    ``inner`` (the factors in the other order, ``[d_head, d_model] @ [d_model, d_head]``)."""
     g = torch.Generator().manual_seed(seed)
     draw = (lambda *sh: torch.rand(*sh, generator=g)) if how == "uniform" else (lambda *sh: torch.randn(*sh, generator=g))
 
@@ -30,6 +31,10 @@ def variant_scores(d_model: int, d_head: int, n: int, how: str, seed: int = 99) 
         if how == "symmetric":
             u = draw(n, d_model, d_head)
             return u @ u.mT
+        if how == "rank-one":
+            return draw(n, d_model, 1) @ draw(n, 1, d_model)
+        if how == "inner":
+            return draw(n, d_head, d_model) @ draw(n, d_model, d_head)
         return draw(n, d_model, d_head) @ draw(n, d_head, d_model)
 
     first = mat()
@@ -45,6 +50,10 @@ MISTAKES = {
                "entries with torch.randn",
     "symmetric": "your matrices are symmetric, one factor times its own transpose (U @ U.T): draw the two "
                  "factors of each matrix independently",
+    "rank-one": "your matrices have rank one (a column times a row): each factor has d_head columns or rows, "
+                "[d_model, d_head] @ [d_head, d_model]",
+    "inner": "your factors are multiplied in the other order, [d_head, d_model] @ [d_model, d_head], a "
+             "d_head x d_head matrix: a head's matrix is [d_model, d_head] @ [d_head, d_model]",
 }
 
 
@@ -115,7 +124,9 @@ def compare_baseline(got, expected, case) -> str | None:
         return f"scores above 1 (mean {mean:.3g}): divide by the two Frobenius norms"
     ref_mean, ref_std = float(expected.mean()), float(expected.std())
     return (f"your scores' mean is {mean:.4f} and spread (std) {std:.4f}; the baseline's are {ref_mean:.4f} and "
-            f"{ref_std:.4f}: draw each matrix as the product of two Gaussian factors")
+            f"{ref_std:.4f}: check each step against the text (each matrix [d_model, d_head] @ [d_head, d_model] "
+            "of Gaussian factors, two independent matrices, the Frobenius norm of their product over the "
+            "product of their Frobenius norms)")
 
 
 

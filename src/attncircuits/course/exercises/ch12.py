@@ -23,7 +23,9 @@ import copy
 import torch
 
 from attncircuits.analysis.circuit_check import (
+    match_targets,
     answer_paths,
+    attention_to,
     circuit_shares,
     copy_attention,
     derive_circuit,
@@ -85,7 +87,7 @@ def check_copy_attention(fn) -> bool:
         ],
         name="copy_attention",
         generate=_copy_case,
-        withheld=[copy_attention],
+        withheld=[copy_attention, attention_to, match_targets],  # the reference's own body, too
     )
 
 
@@ -194,6 +196,29 @@ def _heads_scaled(model, factor: float = 0.05):
     return other
 
 
+def _start_scaled(model, factor: float = 2.0):
+    """A copy of ``model`` whose start token's embedding is ``factor`` times as large: the cue's
+    heads attend to BOS and write from it more, so a sum of paths without the start token's own
+    path gets some answers wrong (5 of 12 on the shipped mystery-2)."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.W_E[0] *= factor
+    return other
+
+
+def _without_start_path(model, task):
+    """The mistake of the sum of paths without the start token's: on rows BOS, trigger, cue, the
+    cue's direct path and each head's paths from the trigger and the cue, not from BOS."""
+    answers = torch.tensor(task.answer_tokens)
+    rows = torch.tensor([[0, t, c] for c in task.cues for t in task.triggers])
+    ov = torch.stack([full_ov_circuit(model, 0, h).AB for h in range(model.cfg.n_heads)])  # [head, vocab, vocab]
+    with torch.no_grad():
+        _, cache = model.forward_checked(rows, return_cache=True)
+        pattern = cache.pattern[0][:, :, -1, 1:]  # [row, head, key]: from the cue, BOS left out
+        paths = torch.einsum("rhk,hrkv->rv", pattern, ov[:, rows[:, 1:]]) + model.W_E[rows[:, -1]] @ model.W_U
+    return answers[paths[:, answers].argmax(-1)].reshape(len(task.cues), len(task.triggers))
+
+
 def _heads_only(model, task):
     """The mistake of the heads' paths without the direct path: on rows BOS, trigger, cue, the
     answer the heads' OV circuits write most, weighted by the cue's attention."""
@@ -248,6 +273,8 @@ def check_grammar_2(fn) -> bool:
                       kind="hand-built"))
     cases.append(Case("mystery-2 with its heads' W_O times 0.05 (the direct path decides some answers)",
                       (_heads_scaled(m.model), task), kind="hand-built"))
+    cases.append(Case("mystery-2 with the start token's embedding doubled (its own path decides some answers)",
+                      (_start_scaled(m.model), task), kind="hand-built"))
     answers = torch.tensor(task.answer_tokens)
     return run_check(
         fn, cases, model_grammar,
@@ -270,6 +297,9 @@ def check_grammar_2(fn) -> bool:
             Diagnosis("the direct path is missing: the cue's own W_E[cue] @ W_U adds to the heads' paths "
                       "(chapter 3's path expansion has every term)",
                       lambda e, c: _heads_only(*c.args)),
+            Diagnosis("the start token's path is missing: the cue's heads attend to BOS too, and what they "
+                      "write from it (its row of each OV circuit, times that attention) is in the sum",
+                      lambda e, c: _without_start_path(*c.args)),
         ],
         name="grammar_2",
         withheld=[model_grammar],
