@@ -24,6 +24,7 @@ from attncircuits.core import validate
 from attncircuits.core.heads import head_name
 from attncircuits.models.parts import loss_fn
 from attncircuits.models.hooked import require_transformer_lens
+from attncircuits.models.interop import to_transformer_lens
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformer_lens.model_bridge import TransformerBridge
@@ -32,8 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
 def with_tokenizer(model, tokenizer) -> "TransformerBridge":
     """``model`` in TransformerLens 4 (a ``TransformerBridge``, chapter 9) with ``tokenizer``
     attached, so TransformerLens's string methods and head detector take text."""
-    from attncircuits.models.interop import to_transformer_lens
-
     return to_transformer_lens(model, tokenizer=tokenizer)
 
 

@@ -9,14 +9,11 @@ A checkpoint is a directory::
     snapshots/          optional weights at chosen training steps
     manifest.json       SHA-256 of every file above
 
-The shipped models live in ``attncircuits/checkpoints/shipped/<name>/``; ``load_pretrained(name)`` loads one.
-The shared corpus files (tokenized validation split, training-split bigram counts) live in
-``attncircuits/checkpoints/shipped/corpus/`` so that the numbers the book asserts do not depend on the
-reader's Python version.
-
-``ATTNCIRCUITS_MODELS=DIR`` points all of it at another set of models (a replicate trained with
-another seed, or models trained on the learner's own text) and at that set's corpus: see
-:mod:`attncircuits.checkpoints.modelset`. :func:`check_model_set` checks the set before anything is loaded.
+The shipped models live in ``attncircuits/checkpoints/shipped/<name>/`` (``load_pretrained(name)``);
+the shared corpus files (tokenized validation split, training-split bigram counts) in ``shipped/corpus/``,
+so the numbers the book asserts do not depend on the reader's Python version.
+``ATTNCIRCUITS_MODELS=DIR`` points all of it at another set of models (another seed's, or trained on
+the learner's own text) and its corpus (:mod:`~attncircuits.checkpoints.modelset`, checked first).
 """
 
 from __future__ import annotations

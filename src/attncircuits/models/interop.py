@@ -36,6 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attncircuits.models.tl_native import qk_positions_model_class
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.models.transformer import Transformer
 
@@ -137,8 +138,6 @@ def to_transformer_lens(model: Transformer, tokenizer=None, model_name: str = "a
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.model_bridge.sources import build_bridge_from_module
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
-
-    from attncircuits.models.tl_native import qk_positions_model_class
 
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be an attncircuits Transformer, got {type(model).__name__}"

@@ -8,30 +8,24 @@ same tokens, with the same seed and schedule (:data:`RECIPE`): chapter 7's live 
 64 positions, three quarters of each batch random tokens repeated) at a rate of 2e-3 instead of
 5e-3, for 2,400 steps. At 5e-3 the 2-layer model forms induction heads by step 400, but the 5- and
 6-layer attention-only members and every member with MLPs formed none in 1,500 steps; at 2e-3 the
-2-layer model's best head reaches the "formed" score (0.5) at step 625 (seed 0; 700 with seed 1),
-the 6-layer one's at 1,300 and the 2-layer MLP one's at 975. 2,400 steps is over three times the
-2-layer model's 625-700, so a member that forms none in it has had the time the 2-layer model
-needed, thrice (chapter 11 checks it as a claim on every seed).
+2-layer model's best head is "formed" (0.5) at step 625 (seed 0; 700 with seed 1), the 6-layer one's
+at 1,300, the 2-layer MLP one's at 975: a member forming none in 2,400 steps had thrice the time.
 
-Every 25 steps the training loop records the validation loss and every head's previous-token and
-prefix-matching scores; this module adds the loss at one fixed set of (window, position) pairs:
-:data:`N_WINDOWS` windows of validation text, at :data:`POSITIONS_PER_WINDOW` positions each (the
-in-context-learning score's two and two drawn at random), for the per-token-loss PCA and the ICL
-score of every evaluation (with its standard error; on 256 windows about 0.2 nats, but the same
-windows at every step, so a change between steps is measured on the same text). At the end every
-detector of the registry scores every head and the ICL score is measured on
-:data:`N_FINAL_WINDOWS` windows. Each member's results are one JSON file and one ``.npz`` in
-the seed's folder (:func:`default_out`: the committed seed 0's in the package, another seed's in
-``replicates/family-seed-N/``), listed with their SHA-256s in its ``manifest.json`` when the member
-finishes; an interrupted run keeps each member's last evaluation in ``<member>.partial/`` and the
-same command resumes from there (nothing trained is lost). Every one of these files is verified
+Every 25 steps the loop records the validation loss and every head's previous-token and
+prefix-matching scores; this module adds the loss at :data:`N_WINDOWS` fixed validation windows,
+:data:`POSITIONS_PER_WINDOW` positions each (the ICL score's two, two at random), for the
+per-token-loss PCA and each evaluation's ICL score (standard error about 0.2 nats, but on the same
+text at every step). At the end every detector scores every head and the ICL score is measured on
+:data:`N_FINAL_WINDOWS` windows. A member's results (a JSON file, an ``.npz``) go to the seed's
+folder (:func:`default_out`: seed 0's in the package, another's in ``replicates/family-seed-N/``),
+listed with their SHA-256s in its ``manifest.json``; an interrupted run keeps each member's last
+evaluation in ``<member>.partial/``, from which the same command resumes. Every file is verified
 when it is read (:mod:`attncircuits.train.family_files`). With ``RAY_ADDRESS`` set or ``--ray`` the
 members run as tasks on a Ray cluster instead (:mod:`attncircuits.train.cluster`). Members train
 on a CUDA GPU where torch finds one (``--device`` chooses; on a GPU the processes share it), else
 on the CPU: a GPU's floats differ from a CPU's, so its results are another run, as another seed's
-are, and each member's results name its device. With ``--record`` (``make family SEED=n``, n > 0)
-chapter 11 then runs on the seed and its counts, cells and claims held, are written to
-``replicates/family-seed-N/results.json``, which the reproduces page lists beside the replicates'.
+are, and each member's results name its device. With ``--record`` (``make family SEED=n``) chapter
+11 runs on the seed and its counts, cells and claims held go to its folder's ``results.json``.
 """
 
 from __future__ import annotations
@@ -40,7 +34,6 @@ import json
 import multiprocessing
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -58,23 +51,20 @@ from attncircuits.train.loop import TrainingInterrupted, train
 
 #: the committed seed 0's results, in the package's shipped files (so chapter 11 reads it on Colab too)
 RESULTS = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped" / "family"
-#: where ``make family SEED=n`` (n > 0) writes seed n: ``family-seed-n/`` beside the replicates, outside
-#: the package (what a wheel or git ships stays the committed seed 0; git ignores all but the seed's
-#: results.json); ATTNCIRCUITS_FAMILY=replicates/family-seed-n points chapter 11 at it
+#: where ``make family SEED=n`` (n > 0) writes seed n (``family-seed-n/``): outside the package, so what a
+#: wheel or git ships stays seed 0; ATTNCIRCUITS_FAMILY=replicates/family-seed-n points chapter 11 at it
 USER_RESULTS = replicate.REPO / "replicates"
 #: a results folder for chapter 11 to read instead of the committed seed 0 (``make family SEED=n``'s)
 RESULTS_ENV = modelset.FAMILY_ENV
 #: the chapter that reads the family (its counts are what ``--record`` keeps)
 CHAPTER = "11_model_family"
-#: chapter 7's live recipe at a lower rate (see the module), for a budget over three times the
-#: steps its 2-layer model needs
+#: chapter 7's live recipe at a lower rate (see the module), thrice the steps its 2-layer model needs
 RECIPE = dict(lr=2e-3, steps=2400, eval_every=25)
 #: the fixed windows of validation text read at every evaluation: the ICL score's two positions and
 #: POSITIONS_PER_WINDOW - 2 more (seeded) of each, whose losses are kept for the PCA
 N_WINDOWS = 256
 POSITIONS_PER_WINDOW = 4
-#: windows of validation text for the in-context-learning score at the end (its standard error
-#: about 0.1 nats)
+#: windows of validation text for the ICL score at the end (its standard error about 0.1 nats)
 N_FINAL_WINDOWS = 1024
 
 MEMBERS: dict[str, dict] = {
@@ -404,7 +394,7 @@ def table(out: Path) -> str:
     return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
 
 
-if __name__ == "__main__":  # the command line is attncircuits.train.family_cli's
-    from attncircuits.train.family_cli import main
+if __name__ == "__main__":  # `python -m attncircuits.train.family` runs the command line's module
+    import runpy
 
-    sys.exit(main())
+    runpy.run_module("attncircuits.train.family_cli", run_name="__main__", alter_sys=True)

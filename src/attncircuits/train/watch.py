@@ -36,6 +36,7 @@ from attncircuits.analysis.scores import DETECTORS, Probe
 from attncircuits.core import validate
 from attncircuits.core.heads import Head, head_name
 from attncircuits.models.interface import features
+from attncircuits.models.interop import from_transformer_lens
 from attncircuits.show.plotting import figure_png, phase_change_plot
 
 
@@ -83,8 +84,6 @@ class HeadWatch:
 
     def __post_init__(self):
         if not hasattr(self.model, "course_config"):
-            from attncircuits.models.interop import from_transformer_lens
-
             # a TransformerLens TransformerBridge: read at each scoring as the family member it is
             # then (its weights copied); one it cannot represent is refused here, naming the part
             self._read = from_transformer_lens

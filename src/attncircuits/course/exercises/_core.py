@@ -107,7 +107,6 @@ import functools
 import sys
 import textwrap
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
