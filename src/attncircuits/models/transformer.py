@@ -173,8 +173,10 @@ class Attention(nn.Module):
                 head_out[:, :, h] = new(old) if callable(new) else new.to(old)
         if cache is not None:
             cache.add_layer(scores, pattern, v, z, self.W_O, head_out)
-        # the sum over heads inside one matmul
-        out = head_out.sum(dim=2) if head_out is not None else z.flatten(2) @ self.W_O.flatten(0, 1)
+        if head_out is not None:
+            out = head_out.sum(dim=2)
+        else:  # the sum over heads inside one matmul
+            out = z.flatten(2) @ self.W_O.flatten(0, 1)
         return out if self.b_O is None else out + self.b_O
 
 
