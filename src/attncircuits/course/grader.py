@@ -38,6 +38,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from attncircuits.analysis import circuit_check as cc
+from attncircuits.analysis import definitions as D
 from attncircuits.checkpoints.mysteries import load_mystery, mystery_names
 from attncircuits.checkpoints.pretrained import load_pretrained
 from attncircuits.core.heads import Head, head_name
@@ -166,17 +167,19 @@ class Grader:
         return cc.Ablator(self.model, self.task, n_rows=self.n_rows)
 
     def role_table(self) -> str:
-        """Every head's score for every role, one row a head (``*``: at or above the threshold)."""
+        """Every head's score for every role, one row a head (``*``: at or above the threshold, ``~``:
+        under it by less than the margin of :mod:`attncircuits.analysis.definitions`)."""
         cols = list(cc.ROLES)
         short = {r: cc.ROLES[r].short for r in cols}
-        lines = ["head " + " ".join(f"{short[r]:>8}" for r in cols)]
+        lines = ["head " + " ".join(f"{short[r]:>8}" for r in cols),
+                 "level" + " ".join(f"{cc.ROLES[r].threshold:>7.2f} " for r in cols)]
         n_layers, n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
         for layer in range(n_layers):
             for h in range(n_heads):
                 cells = []
                 for r in cols:
                     v = float(self.roles[r][layer, h])
-                    cells.append(f"{v:>7.2f}{'*' if v >= cc.ROLES[r].threshold else ' '}")
+                    cells.append(f"{v:>7.2f}{'*' if v >= cc.ROLES[r].threshold else _mark(v, cc.ROLES[r].threshold)}")
                 lines.append(f"{head_name(layer, h):>4} " + " ".join(cells))
         return "\n".join(lines)
 
@@ -205,7 +208,7 @@ class Grader:
             score = float(self.roles[role][h])
             if score < r.threshold:
                 fails.append(f"role: {head_name(*h)} as {role}: score {score:.2f}, needs {r.threshold:.2f} "
-                             f"({r.what}; chapter {r.chapter})")
+                             f"({r.what}; chapter {r.chapter}){_near(score, r.threshold, D.MARGIN)}")
             elif best.get(h) != role:
                 fails.append(f"role: {head_name(*h)} as {role}: score {score:.2f} passes, but another role "
                              f"fits {head_name(*h)} better (score over threshold; chapters 4-6)")
@@ -213,7 +216,7 @@ class Grader:
             z = self.z[(w, r, kind)]
             if z < cc.COMPOSES:
                 fails.append(f"composition: {head_name(*w)}->{head_name(*r)} {kind}: {z:+.1f} baseline sd, "
-                             f"needs {cc.COMPOSES:+.1f} (chapter 5)")
+                             f"needs {cc.COMPOSES:+.1f} (chapter 5){_near(z, cc.COMPOSES, D.COMPOSES.margin)}")
         first = min(layer for layer, _ in hyp.heads)
         read = {r for _, r, _ in hyp.compositions}
         for h in sorted(hyp.heads):
@@ -257,6 +260,15 @@ class Grader:
         else:
             lines.append("✓ passes: every role, composition and ablation checks out")
         return Grade(not fails, faith, comp, fails, lines)
+
+
+def _mark(score: float, level: float) -> str:
+    return "~" if abs(score - level) < D.MARGIN else " "
+
+
+def _near(score: float, level: float, margin: float) -> str:
+    """The note a failure near its level carries: another run may land on the other side."""
+    return f"; near the level (within {margin:g}): another run may pass it" if abs(score - level) < margin else ""
 
 
 def _recover(share: float) -> str:
