@@ -216,4 +216,6 @@ def test_the_grader_says_when_a_failed_role_is_near_its_level():
 
     assert "near the level" in grader._near(D.ATTENDS.value - 0.01, D.ATTENDS.value, D.MARGIN)
     assert grader._near(D.ATTENDS.value - 0.2, D.ATTENDS.value, D.MARGIN) == ""
-    assert grader._mark(D.ATTENDS.value - 0.01, D.ATTENDS.value) == "~"
+    level = D.ATTENDS.value
+    marks = [grader._mark(level + d, level) for d in (0.2, 0.01, -0.01, -0.2)]
+    assert marks == ["*", "+", "~", " "]

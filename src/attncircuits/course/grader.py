@@ -167,8 +167,9 @@ class Grader:
         return cc.Ablator(self.model, self.task, n_rows=self.n_rows)
 
     def role_table(self) -> str:
-        """Every head's score for every role, one row a head (``*``: at or above the threshold, ``~``:
-        under it by less than the margin of :mod:`attncircuits.analysis.definitions`)."""
+        """Every head's score for every role, one row a head, under a row of the roles' levels (``*``:
+        at or above the level; ``+``: at or above it by less than the margin of
+        :mod:`attncircuits.analysis.definitions`, ``~``: under it by less: knife edges)."""
         cols = list(cc.ROLES)
         short = {r: cc.ROLES[r].short for r in cols}
         lines = ["head " + " ".join(f"{short[r]:>8}" for r in cols),
@@ -179,7 +180,7 @@ class Grader:
                 cells = []
                 for r in cols:
                     v = float(self.roles[r][layer, h])
-                    cells.append(f"{v:>7.2f}{'*' if v >= cc.ROLES[r].threshold else _mark(v, cc.ROLES[r].threshold)}")
+                    cells.append(f"{v:>7.2f}{_mark(v, cc.ROLES[r].threshold)}")
                 lines.append(f"{head_name(layer, h):>4} " + " ".join(cells))
         return "\n".join(lines)
 
@@ -263,7 +264,8 @@ class Grader:
 
 
 def _mark(score: float, level: float) -> str:
-    return "~" if abs(score - level) < D.MARGIN else " "
+    near = abs(score - level) < D.MARGIN
+    return ("+" if near else "*") if score >= level else ("~" if near else " ")
 
 
 def _near(score: float, level: float, margin: float) -> str:
