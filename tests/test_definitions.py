@@ -34,17 +34,38 @@ PACKAGE = [ROOT / "src" / "attncircuits" / p for p in (
 
 #: a name that holds a detector's score (the names of one side of a comparison, indices left out)
 SCORE = re.compile(
-    r"^(prefix_matching|previous_token|pm\w*|pt|prev\w*|copying|cp|eigen_score|ov|stripe\w*|tl_scores"
+    r"^(prefix\w*|previous_token|pm\w*|pt|prev\w*|copying|cp|eigen_score|ov|stripe\w*|tl_scores"
     r"|tl_copy|roles|z|\w+_z|kz\w*|qvz|induction|previous-token|duplicate-token)$")
 #: names that make a side something else: a difference between two computations, a shape
 NOT_A_SCORE = re.compile(r"_diff$|_err$|error$|^shape$|^ndim$")
 #: a count of heads or pairs (compared with a whole number: how many, not how strongly)
 COUNT = re.compile(r"^n_\w+|^len$|^sum$|count|_heads$")
+#: a claim whose words give a head a role: its condition compares with no number of its own
+ROLE_WORDS = re.compile(r"induction head|previous-token head|duplicate-token head|copying head|\bcopies\b"
+                        r"|\bformed?\b|\bforms\b|K-composes|V-composes|Q-composes")
 #: a module constant that names a level
 LEVEL_NAME = re.compile(r"THRESHOLD|^ATTENDS$|^FORMED$|^COMPOSES$|TARGET_PREFIX|^INDUCTION$")
 
 #: (file, the comparison's source, why it is not a role's level); each entry must still match
 ALLOWED = {
+    ("01_attention_only_transformer.ipynb", "row[top].item() > 0.3"):
+        "one query's attention in one example (its largest weight), not a head's score",
+    ("06_induction_heads.ipynb", "zero_effect[prev_head] > 1.0"):
+        "an ablation's effect in nats, not a head score",
+    ("07_why_two_layers.ipynb", "abs(g0) < 0.1"):
+        "a loss difference in nats (the claim names layers, not a role)",
+    ("07_why_two_layers.ipynb", "d > 1.5"):
+        "a direct-logit term in nats on the second copy, not a head score",
+    ("09_transformer_lens.ipynb", "tl_effect > 1.0"):
+        "an ablation's effect in nats, not a head score",
+    ("12_mystery_models.ipynb", "> 0.9 > 0.1 >"):
+        "shares of an OV path (through layer 0 or direct), a finding, not a role",
+    ("reproduces.ipynb", "float(zero6[prev6]) > 1.0"):
+        "an ablation's effect in nats (chapter 6's), not a head score",
+    ("reproduces.ipynb", "share7 > 0.6"):
+        "a share of the ICL score (chapter 7's), not a head score",
+    ("reproduces.ipynb", "share10 > 0.5"):
+        "a share of the ICL score (chapter 10's), not a head score",
     ("04_skip_trigrams.ipynb", "cs.eigen_score[clear] > 0.9"):
         "'clearly so': the heads that copy (COPYING_EIGEN) do so far above the level, a finding",
     ("04_skip_trigrams.ipynb", "cs.diagonal_z[clear] > 1"):
@@ -104,6 +125,11 @@ def _names(node) -> list[str]:
     return [n for child in ast.iter_child_nodes(node) for n in _names(child)]
 
 
+def _words(node) -> str:
+    """The literal text of a string, an f-string or strings joined with ``+``."""
+    return " ".join(c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+
+
 def _number(node) -> bool:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         node = node.operand
@@ -115,7 +141,7 @@ def own_numbers(tree: ast.AST, package: bool = False) -> list[str]:
     """The comparisons, ``threshold=`` arguments and level constants of ``tree`` that use a number."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
+        if isinstance(node, ast.Compare) and not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
             sides = [node.left, *node.comparators]
             for a, b in zip(sides, sides[1:]):
                 for num, other in ((a, b), (b, a)):
@@ -127,6 +153,12 @@ def own_numbers(tree: ast.AST, package: bool = False) -> list[str]:
                         continue
                     if any(SCORE.search(n) for n in names):
                         found.append(ast.unparse(node))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "claim"
+              and len(node.args) >= 2 and ROLE_WORDS.search(_words(node.args[0]))):
+            found += [ast.unparse(c) for c in ast.walk(node.args[1]) if isinstance(c, ast.Compare)
+                      and not isinstance(c.ops[0], (ast.Eq, ast.NotEq))
+                      and any(_number(x) and isinstance(x, ast.Constant) and isinstance(x.value, float)
+                              for x in [c.left, *c.comparators])]
         elif isinstance(node, ast.keyword) and node.arg and "threshold" in node.arg and _number(node.value):
             found.append(f"{node.arg}={ast.unparse(node.value)}")
         elif package and isinstance(node, ast.Assign) and _number(node.value):
