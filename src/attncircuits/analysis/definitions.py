@@ -34,9 +34,12 @@ of its position-only attention at one offset (or on the last few tokens).
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from attncircuits.core.heads import head_name
+
+WIDTH = 79  # the book's code column
 
 #: how close to a level a score is *near* it (the scores move this much between seeds and CPUs)
 MARGIN = 0.05
@@ -87,9 +90,12 @@ class Level:
             f"{head_name(l, h)} ({float(scores[l, h]):.2f}{', near' if self.near(scores[l, h]) else ''})"
             for l, h in heads) or "none"
 
-    def line(self, what: str, scores) -> str:
-        """``"induction heads (prefix matching >= 0.3): 1.0 (0.91), 1.1 (0.90)"``."""
-        return f"{what} ({self}): {self.named(self.heads(scores), scores)}"
+    def line(self, what: str, scores, indent: str = "", heads=None) -> str:
+        """``"induction heads (prefix matching >= 0.3): 1.0 (0.91), 1.1 (0.90)"``, folded to the
+        book's 79 columns (``heads``: those to list, by default every head that reaches the level)."""
+        heads = self.heads(scores) if heads is None else heads
+        return textwrap.fill(f"{what} ({self}): {self.named(heads, scores)}", WIDTH,
+                             initial_indent=indent, subsequent_indent=indent + "    ")
 
 
 #: where a head attends: an attention role holds when this share of its attention goes there
