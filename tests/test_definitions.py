@@ -251,3 +251,14 @@ def test_the_grader_says_when_a_failed_role_is_near_its_level():
     level = D.ATTENDS.value
     marks = [grader._mark(level + d, level) for d in (0.2, 0.01, -0.01, -0.2)]
     assert marks == ["*", "+", "~", " "]
+
+
+def test_the_grader_notes_a_role_that_passes_by_less_than_the_margin():
+    from attncircuits.course import grader
+
+    g = grader.grader_for("attn-only-2l")  # head 0.0's previous-token score is at the level's edge
+    score, level = float(g.roles["previous-token"][0, 0]), cc.ROLES["previous-token"].threshold
+    assert 0 <= score - level < D.MARGIN, score
+    lines = g.grade({"model": "attn-only-2l", "heads": {"0.0": "previous-token"}, "compositions": []},
+                    show=False).lines
+    assert any(line.startswith("~ role: 0.0 as previous-token passes by less than") for line in lines), lines

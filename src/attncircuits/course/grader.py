@@ -252,6 +252,10 @@ class Grader:
         lines = [f"{self.name}: {n_h} head{'s' * (n_h != 1)}, {n_c} composition{'s' * (n_c != 1)} named",
                  f"  faithfulness {faith:.2f}  completeness {comp:.2f}  (each needs "
                  f"{cc.FAITHFUL:.2f})"]
+        lines += [f"~ role: {head_name(*h)} as {role} passes by less than {D.MARGIN:g} "
+                  f"({float(self.roles[role][h]):.2f}, needs {cc.ROLES[role].threshold:.2f}): another run may not"
+                  for h, role in sorted(hyp.heads.items())
+                  if 0 <= float(self.roles[role][h]) - cc.ROLES[role].threshold < D.MARGIN]
         if fails:
             lines += [f"✗ {f}" for f in fails]
             explain = f"{faith:.0%}" if faith > 0 else "none"
