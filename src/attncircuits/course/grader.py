@@ -253,7 +253,7 @@ class Grader:
                  f"  faithfulness {faith:.2f}  completeness {comp:.2f}  (each needs "
                  f"{cc.FAITHFUL:.2f})"]
         lines += [f"~ role: {head_name(*h)} as {role} passes by less than {D.MARGIN:g} "
-                  f"({float(self.roles[role][h]):.2f}, needs {cc.ROLES[role].threshold:.2f}): another run may not"
+                  f"({float(self.roles[role][h]):.3f}, needs {cc.ROLES[role].threshold:.2f}): another run may not"
                   for h, role in sorted(hyp.heads.items())
                   if 0 <= float(self.roles[role][h]) - cc.ROLES[role].threshold < D.MARGIN]
         if fails:
