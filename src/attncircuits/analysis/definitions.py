@@ -7,8 +7,8 @@ ground truth (:mod:`attncircuits.analysis.circuit_check`), the phase change
 
 Each :class:`Level` names a word ("an induction head"), the quantity it is read from and the value
 the quantity must reach (``score >= value``). A score within :data:`MARGIN` of the value is *near*
-the level: a verdict on it says so instead of flipping silently between runs (the scores move by a
-few hundredths between seeds and CPUs). A score under half the value is *far below* it: "no
+the level: a verdict on it says so instead of flipping silently (another training run may put the
+same head on the other side). A score under half the value is *far below* it: "no
 induction head in layer 0" means every layer-0 score is under half of :data:`INDUCTION_HEAD`.
 
 Two different things were once called by one word and now have two names:
@@ -18,18 +18,19 @@ Two different things were once called by one word and now have two names:
   induction heads during training, the level its phase change is read against (chapters 7, 11,
   13). A head at 0.4 is an induction head in a model that has not yet formed them.
 
-Why these values. Olsson et al. (2022) score heads by prefix matching on random tokens repeated
-(25 tokens x 4 here) and show the scores bimodal after the phase change (near 0 or well above
-0.5), without a fixed cut; the cut only has to fall in the empty middle. 0.3 is over seven times
-the uniform share of a 25-token window and sits in that gap for the shipped two-layer and
-four-layer models (their heads' prefix matching is under 0.22 or above 0.85). The same 0.3 is the level of every other attention role (a head
+Why these values. Olsson et al. (2022) define an induction head by what it does on repeated
+random tokens (prefix matching, with copying) and rank heads by the score rather than cut it at
+a fixed value; a cut only has to fall in the gap between the heads that do it and those that do
+not. 0.3 is over seven times the uniform share of a 25-token window and falls in that gap for
+the shipped two-layer and four-layer models (their heads' prefix matching, 25 random tokens x 4,
+is under 0.22 or above 0.85). The same 0.3 is the level of every other attention role (a head
 "attends where its role says" when 0.3 of its attention goes there), so a previous-token head and
-an induction head are judged alike. A copying score (chapter 4; Elhage et al. 2021's positive
+an induction head are judged alike. A copying score (chapter 4: Elhage et al. (2021)'s positive
 eigenvalue share, or chapter 4's score on the logits) counts a head as copying from 0.5: what it
-writes promotes the token it reads more often than not. :data:`FORMED` is 0.5, the
-level chapter 7's live run trains to, above the 0.3 of a single head so that "formed" means the
-rise is under way and not one head crossing the cut. A positional head (chapter 3) puts over half
-of its position-only attention at one offset (or on the last few tokens).
+writes promotes the token it reads more often than not. :data:`FORMED` is 0.5, the level chapter
+7's live run trains to, above the 0.3 of a single head so that "formed" means the rise is well
+under way and not one head crossing the cut. A positional head (chapter 3) puts over half of its
+position-only attention at one offset (or on the last few tokens).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from attncircuits.core.heads import head_name
 
 WIDTH = 79  # the book's code column
 
-#: how close to a level a score is *near* it (the scores move this much between seeds and CPUs)
+#: how close to a level a score is *near* it (a knife edge another training run may cross)
 MARGIN = 0.05
 
 
