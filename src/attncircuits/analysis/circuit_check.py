@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis import scores as S
 from attncircuits.analysis.circuits.composition import composition_scores
 from attncircuits.analysis.circuits.factored import mean_attention_by_offset
@@ -40,12 +41,12 @@ FAITHFUL = 0.8  # the share of the task a circuit must recover with every other 
 COMPLETE = 0.8  # the share of the task that ablating the circuit must destroy
 NEEDED = 0.05  # a named head must add at least this share of the task to the rest of the circuit
 LEFT_OUT = 0.2  # removing heads from the circuit may lose at most this much more than from the model
-COMPOSES = 3.0  # a composition is real when its score is this many baseline deviations above chance
+# a composition is real when its score is this many baseline deviations above chance
+COMPOSES = D.COMPOSES.value
 KINDS = ("Q", "K", "V")
-# a head attends "where its role says" when a quarter of its attention goes there, averaged over
-# every position of the task's rows (four times the uniform share at 16 positions; chapter 6 calls
-# a head with prefix matching above 0.3 an induction head)
-ATTENDS = 0.25
+# a head attends "where its role says" when this share of its attention goes there (the course's
+# one level for every attention role, chapter 6's induction heads included: definitions.ATTENDS)
+ATTENDS = D.ATTENDS.value
 
 
 def scored_loss(logits: Tensor, batch) -> Tensor:
@@ -152,13 +153,14 @@ class Role:
 #: the roles a hypothesis may give a head, each with the score that must reach its threshold
 ROLES: dict[str, Role] = {r.name: r for r in (
     Role("current-token", "self", "attention to itself, with an earlier copy there", 5, ATTENDS),
-    Role("previous-token", "prev", "attention to the previous token", 6, ATTENDS),
+    Role("previous-token", "prev", "attention to the previous token", 6, D.PREVIOUS_TOKEN_HEAD.value),
     Role("two-back", "2-back", "attention to the token two back", 8, ATTENDS),
-    Role("duplicate-token", "dup", "attention to an earlier copy of its own token", 6, ATTENDS),
-    Role("induction", "induct", "attention to the token after an earlier copy", 6, ATTENDS),
+    Role("duplicate-token", "dup", "attention to an earlier copy of its own token", 6, D.DUPLICATE_TOKEN_HEAD.value),
+    Role("induction", "induct", "attention to the token after an earlier copy", 6, D.INDUCTION_HEAD.value),
     Role("skip-induction", "skip-ind", "attention to the token two after an earlier copy", 6, ATTENDS),
-    Role("copying", "copy", "the copying score of its OV circuit", 4, 0.5),
-    Role("skip-trigram", "skip-tri", "attended token -> answer through its OV table, for one cue", 4, 0.5),
+    Role("copying", "copy", "the copying score of its OV circuit", 4, D.COPYING_HEAD.value),
+    Role("skip-trigram", "skip-tri", "attended token -> answer through its OV table, for one cue", 4,
+         D.SKIP_TRIGRAM_HEAD.value),
 )}
 
 

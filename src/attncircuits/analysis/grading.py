@@ -49,6 +49,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from attncircuits.analysis import circuit_check as cc
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis.hypothesis import Hypothesis, HypothesisError, parse
 from attncircuits.core.heads import head_name
 
@@ -96,17 +97,20 @@ class Grader:
         return cc.Ablator(self.model, self.task, n_rows=self.n_rows)
 
     def role_table(self) -> str:
-        """Every head's score for every role, one row a head (``*``: at or above the threshold)."""
+        """Every head's score for every role, one row a head, under a row of the roles' levels (``*``:
+        at or above the level; ``+``: at or above it by less than the margin of
+        :mod:`attncircuits.analysis.definitions`, ``~``: under it by less: knife edges)."""
         cols = list(cc.ROLES)
         short = {r: cc.ROLES[r].short for r in cols}
-        lines = ["head " + " ".join(f"{short[r]:>8}" for r in cols)]
+        lines = ["head " + " ".join(f"{short[r]:>8}" for r in cols),
+                 "level" + " ".join(f"{cc.ROLES[r].threshold:>7.2f} " for r in cols)]
         n_layers, n_heads = self.model.cfg.n_layers, self.model.cfg.n_heads
         for layer in range(n_layers):
             for h in range(n_heads):
                 cells = []
                 for r in cols:
                     v = float(self.roles[r][layer, h])
-                    cells.append(f"{v:>7.2f}{'*' if v >= cc.ROLES[r].threshold else ' '}")
+                    cells.append(f"{v:>7.2f}{_mark(v, cc.ROLES[r].threshold)}")
                 lines.append(f"{head_name(layer, h):>4} " + " ".join(cells))
         return "\n".join(lines)
 
@@ -135,7 +139,7 @@ class Grader:
             score = float(self.roles[role][h])
             if score < r.threshold:
                 fails.append(f"role: {head_name(*h)} as {role}: score {score:.2f}, needs {r.threshold:.2f} "
-                             f"({r.what}; chapter {r.chapter})")
+                             f"({r.what}; chapter {r.chapter}){_near(score, r.threshold, D.MARGIN)}")
             elif best.get(h) != role:
                 fails.append(f"role: {head_name(*h)} as {role}: score {score:.2f} passes, but another role "
                              f"fits {head_name(*h)} better (score over threshold; chapters 4-6)")
@@ -143,7 +147,7 @@ class Grader:
             z = self.z[(w, r, kind)]
             if z < cc.COMPOSES:
                 fails.append(f"composition: {head_name(*w)}->{head_name(*r)} {kind}: {z:+.1f} baseline sd, "
-                             f"needs {cc.COMPOSES:+.1f} (chapter 5)")
+                             f"needs {cc.COMPOSES:+.1f} (chapter 5){_near(z, cc.COMPOSES, D.COMPOSES.margin)}")
         first = min(layer for layer, _ in hyp.heads)
         read = {r for _, r, _ in hyp.compositions}
         last = max(layer for layer, _ in hyp.heads)
@@ -188,6 +192,10 @@ class Grader:
         lines = [f"{self.name}: {n_h} head{'s' * (n_h != 1)}, {n_c} composition{'s' * (n_c != 1)} named",
                  f"  faithfulness {faith:.2f}  completeness {comp:.2f}  (each needs "
                  f"{cc.FAITHFUL:.2f})"]
+        lines += [f"~ role: {head_name(*h)} as {role} passes by less than {D.MARGIN:g} "
+                  f"({float(self.roles[role][h]):.3f}, needs {cc.ROLES[role].threshold:.2f}): another run may not"
+                  for h, role in sorted(hyp.heads.items())
+                  if 0 <= float(self.roles[role][h]) - cc.ROLES[role].threshold < D.MARGIN]
         if fails:
             lines += [f"✗ {f}" for f in fails]
             explain = f"{faith:.0%}" if faith > 0 else "none"
@@ -197,6 +205,16 @@ class Grader:
         else:
             lines.append("✓ passes: every role, composition and ablation checks out")
         return Grade(not fails, faith, comp, fails, lines)
+
+
+def _mark(score: float, level: float) -> str:
+    near = abs(score - level) < D.MARGIN
+    return ("+" if near else "*") if score >= level else ("~" if near else " ")
+
+
+def _near(score: float, level: float, margin: float) -> str:
+    """The note a failure near its level carries: another run may land on the other side."""
+    return f"; near the level (within {margin:g}): another run may pass it" if abs(score - level) < margin else ""
 
 
 def _recover(share: float) -> str:

@@ -23,8 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: the prefix-matching score at which a member has formed induction heads (chapter 7's target)
-FORMED = 0.5
+from attncircuits.analysis import definitions as D
+
+#: the prefix-matching score at which a member has formed induction heads (chapter 7's target;
+#: the course's one definition, :data:`attncircuits.analysis.definitions.FORMED`)
+FORMED = D.FORMED.value
 
 
 @dataclass(frozen=True)

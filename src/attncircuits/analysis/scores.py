@@ -30,6 +30,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attncircuits.analysis import definitions as D
 from attncircuits.core import validate
 from attncircuits.core.heads import Head, head_name
 from attncircuits.data import repeated_rows
@@ -334,10 +335,11 @@ def head_scores(
         return HeadScores(**{n: DETECTORS[n].fn(model, probe).cpu() for n in names})
 
 
-def induction_heads(model, threshold: float = 0.3) -> list[Head]:
-    """The heads whose prefix-matching score (25 random tokens x 4) is above ``threshold``."""
+def induction_heads(model, threshold: float = D.INDUCTION_HEAD.value) -> list[Head]:
+    """The heads whose prefix-matching score (25 random tokens x 4) reaches ``threshold`` (by
+    default the course's definition of an induction head, :data:`definitions.INDUCTION_HEAD`)."""
     pm = prefix_matching_scores(model, batch_size=8)
-    return [(int(l), int(h)) for l, h in (pm > threshold).nonzero().tolist()]
+    return [(int(l), int(h)) for l, h in (pm >= threshold).nonzero().tolist()]
 
 
 # ---- value-weighted attention ----------------------------------------------------------------

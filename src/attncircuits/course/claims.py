@@ -1,7 +1,8 @@
 """A chapter's claims, checked on whichever models are in use.
 
     from attncircuits.course.claims import claim, summary
-    claim("a previous-token head in layer 0", prev_score > 0.5, prev_score)
+    claim(f"a previous-token head in layer 0 ({PREVIOUS_TOKEN_HEAD})",
+          PREVIOUS_TOKEN_HEAD.holds(prev_score), prev_score)
     ...
     summary()   # last cell: the claims that held and those that did not
 

@@ -34,6 +34,7 @@ from attncircuits.checkpoints.pretrained import (
     load_validation_tokens,
     validation_windows,
 )
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis.quantities import HISTORY_WINDOWS
 from attncircuits.core import validate
 from attncircuits.models.transformer import ModelConfig
@@ -51,7 +52,7 @@ from attncircuits.train.loop import (  # noqa: F401 (re-exported)
 from attncircuits.train.presets import PRESETS
 
 LIVE_PRESET = "attn-only-2l-live"
-TARGET_PREFIX_MATCHING = 0.5  # a layer-1 head attends half its weight to the token after the match
+TARGET_PREFIX_MATCHING = D.FORMED.value  # "formed" (analysis.definitions): half the weight after the match
 TARGET_COPY_RATIO = 0.5  # the second copy of random tokens costs at most half the first
 MIN_REPEAT = 8  # the shortest repeat in training batches (train.make_batch, data.repeated_windows)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from attncircuits.analysis.circuits import composition_scores, copying_summary
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis import quantities as Q
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
@@ -34,10 +35,11 @@ from attncircuits.checkpoints.pretrained import is_checkpoint_dir, load_checkpoi
 from attncircuits.core.heads import head_name
 from attncircuits.train.sets import ONE_EACH, default_lanes, train_set
 
-#: a layer-1 head is an induction head when its prefix-matching score is above this (the reproduces page's)
-INDUCTION_THRESHOLD = 0.3
+#: a layer-1 head is an induction head when its prefix-matching score is above this (the course's
+#: definition, attncircuits.analysis.definitions.INDUCTION_HEAD)
+INDUCTION_THRESHOLD = D.INDUCTION_HEAD.value
 #: a one-layer head copies when its OV eigenvalue share Σλ/Σ|λ| is above this and above every shuffle
-COPYING_THRESHOLD = 0.5
+COPYING_THRESHOLD = D.COPYING_EIGEN.value
 REPO = Path(__file__).resolve().parents[3]
 #: the random tokens the across-runs rows are measured on (Q.repeated_tokens of a 128-token model; the
 #: detectors' probe for prefix matching)
@@ -146,7 +148,7 @@ ACROSS_RUNS = [
     ("1L: copying heads (of 4)", "attn-only-1l", lambda m: m["copying_heads"], "label"),
     ("2L: previous-token head", "attn-only-2l", lambda m: m["prev_token_head"], "label"),
     ("2L: its previous-token score", "attn-only-2l", lambda m: m["prev_token_score"], "number"),
-    (f"2L: induction heads (prefix matching > 0.3 on {PROBE_NAME})", "attn-only-2l", lambda m: _fmt_heads(m["induction_heads"]),
+    (f"2L: induction heads (prefix matching > {INDUCTION_THRESHOLD:g} on {PROBE_NAME})", "attn-only-2l", lambda m: _fmt_heads(m["induction_heads"]),
      "label"),
     ("2L: how many", "attn-only-2l", lambda m: len(m["induction_heads"]), "label"),
     (f"2L: best prefix-matching score on {PROBE_NAME}", "attn-only-2l",

@@ -30,6 +30,7 @@ from html import escape
 import matplotlib.pyplot as plt
 import torch
 
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis import quantities
 from attncircuits.analysis.circuits import composition_scores
 from attncircuits.analysis.scores import DETECTORS, Probe
@@ -74,7 +75,7 @@ class HeadWatch:
     text: torch.Tensor | None = None  # [batch, pos] token windows of real text, for the previous-token score
     seq_len: int | None = None  # random tokens per copy; None: the longest that fits 4 copies, at most 25
     n_repeats: int = 4
-    threshold: float = 0.4
+    threshold: float = D.FORMED.value  # the course's "formed" (analysis.definitions)
     # what is scored: prefix matching always (the phase change is read from it), previous-token when
     # ``text`` is given; any other registry entry may be added (each costs a forward pass)
     detectors: tuple[str, ...] = ("previous_token", "prefix_matching")

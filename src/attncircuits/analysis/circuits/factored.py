@@ -22,6 +22,7 @@ from einops import reduce
 from jaxtyping import Float
 from torch import Tensor
 
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
 from attncircuits.models.interface import require
@@ -162,7 +163,8 @@ def positional_attention(model: Transformer, layer: int, n_pos: int | None = Non
 
 
 def positional_heads(
-    model: Transformer, layer: int, threshold: float = 0.5, window: int = 3, n_pos: int | None = None
+    model: Transformer, layer: int, threshold: float = D.POSITIONAL_HEAD.value, window: int = 3,
+    n_pos: int | None = None,
 ) -> dict[int, tuple[str, float]]:
     """Heads that attend by position, found from ``W_pos`` alone (the causal softmax of the
     position-position scores, averaged over query positions).

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis.circuits.copying import eigen_copying_score
 from attncircuits.analysis.circuits.factored import ov_factors
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
@@ -97,8 +98,9 @@ class InductionEigen:
     qk: Float[Tensor, " head"]
     ov: Float[Tensor, " head"]
 
-    def corner(self, threshold: float = 0.5) -> list[int]:
-        """Heads with both scores above ``threshold`` (the top-right corner of the scatter)."""
+    def corner(self, threshold: float = D.COPYING_EIGEN.value) -> list[int]:
+        """Heads with both scores above ``threshold`` (the top-right corner of the scatter; by default
+        the course's level for a positive-eigenvalue share, :data:`definitions.COPYING_EIGEN`)."""
         return [int(h) for h in torch.nonzero((self.qk > threshold) & (self.ov > threshold)).flatten()]
 
 

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from attncircuits.analysis import losses, scores
+from attncircuits.analysis import definitions as D, losses, scores
 from attncircuits.analysis.scores import induction_heads
 from attncircuits.course.exercises._core import Case, Draw, random_model
 from attncircuits.models import handbuilt
@@ -45,7 +45,7 @@ def compare_heads(got, expected, case) -> str | None:
                 "score every layer's heads")
     model = case.args[0]
     cfg = model.cfg
-    threshold = case.args[1] if len(case.args) > 1 else 0.3
+    threshold = case.args[1] if len(case.args) > 1 else D.INDUCTION_HEAD.value
     last = cfg.n_layers - 1
     if any(l == 0 for l, _ in expected) and got_list == sorted(e for e in expected if e[0] > 0):
         return (f"you left out layer 0's heads ({', '.join(f'{l}.{h}' for l, h in expected if l == 0)} score above "
@@ -53,9 +53,9 @@ def compare_heads(got, expected, case) -> str | None:
     if any(l < last for l, _ in expected) and got_list == sorted(e for e in expected if e[0] == last):
         return (f"you looked only at the last layer (layer {last}); this model's induction heads are in layer "
                 f"{', '.join(sorted({str(l) for l, _ in expected if l < last}))}: score every layer's heads")
-    if threshold != 0.3 and got_list == sorted(induction_heads(model, 0.3)):
-        return (f"these are the heads above 0.3; this case passes threshold={threshold}: compare the scores with "
-                "the threshold argument, not a fixed 0.3")
+    if threshold != D.INDUCTION_HEAD.value and got_list == sorted(induction_heads(model)):
+        return (f"these are the heads above {D.INDUCTION_HEAD.value:g}; this case passes threshold={threshold}: "
+                f"compare the scores with the threshold argument, not a fixed {D.INDUCTION_HEAD.value:g}")
     if any(not (0 <= l < cfg.n_layers and 0 <= h < cfg.n_heads) for l, h in got_list):
         layers = "one layer, layer 0" if cfg.n_layers == 1 else f"layers 0-{cfg.n_layers - 1}"
         return (f"you returned {got_list}, but this model has {layers}, with heads 0-{cfg.n_heads - 1}: "
