@@ -30,7 +30,7 @@ PACKAGE = [ROOT / "src" / "attncircuits" / p for p in (
     "analysis/grading.py", "course/claims.py", "analysis/circuit_check.py", "analysis/phase.py",
     "analysis/scores.py", "analysis/circuits/induction.py", "analysis/circuits/factored.py",
     "train/replicate.py", "train/watch.py", "train/live.py", "train/clamps.py", "train/enough.py",
-    "course/exercises/ch06_heads.py")]
+    "course/exercises/ch06_heads.py", "analysis/stages.py", "analysis/mystery_claims.py")]
 
 #: a name that holds a detector's score (the names of one side of a comparison, indices left out)
 SCORE = re.compile(
@@ -58,8 +58,12 @@ ALLOWED = {
         "a direct-logit term in nats on the second copy, not a head score",
     ("09_transformer_lens.ipynb", "tl_effect > 1.0"):
         "an ablation's effect in nats, not a head score",
-    ("12_mystery_models.ipynb", "> 0.9 > 0.1 >"):
-        "shares of an OV path (through layer 0 or direct), a finding, not a role",
+    ("stages.py", "end['prev_token'] - start['prev_token'] > 0.1"):
+        "chapter 14's stage-naming rule, stated in advance: a rise of a score over a stage, not a level",
+    ("stages.py", "pm1 - pm0 > 0.05"):
+        "chapter 14's stage-naming rule, stated in advance: a rise of a score over a stage, not a level",
+    ("07_why_two_layers.ipynb", "pm_snap[min(falls)].max() > 0.8"):
+        "how far the heads had formed when the ICL score first fell, a finding, not a role's level",
     ("reproduces.ipynb", "float(zero6[prev6]) > 1.0"):
         "an ablation's effect in nats (chapter 6's), not a head score",
     ("reproduces.ipynb", "share7 > 0.6"):

@@ -3,8 +3,8 @@
 Three kinds of evidence, each from a chapter of the course:
 
 - **roles** (chapters 3-6): a score per head for each role of :data:`ROLES`, measured on the
-  task's own rows: where the head attends (its own token, the previous one, two back, an earlier copy of its token,
-  the token after or two after an earlier copy), whether it copies (chapter 4's copying score) and
+  task's own rows: where the head attends (its own token, the previous one, two back, an earlier
+  copy of its token, the token after or two after one), whether it copies (chapter 4's copying score) and
   whether the token it attends to, read through its OV table ``W_E W_V W_O W_U``, is the task's
   answer without being that token itself (a skip-trigram, chapter 4);
 - **compositions** (chapter 5): Q/K/V composition scores as z-scores against the random baseline;
@@ -17,14 +17,14 @@ Three kinds of evidence, each from a chapter of the course:
       completeness = (L_cut - L_clean) / (L_none - L_clean)   # share that removing it destroys
 
 :func:`derive_circuit` finds a circuit from these numbers alone (every head with a role, less the
-roles that add under :data:`NEEDED` of the task; the compositions above :data:`COMPOSES` between
-them), which is how each mystery's ground truth is established after its training: a circuit
-whose faithfulness or completeness falls short means the training did not give the mechanism.
+roles adding under :data:`NEEDED` of the task; compositions above :data:`COMPOSES` between them):
+each mystery's ground truth, a circuit that falls short meaning training gave no mechanism.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -41,11 +41,9 @@ FAITHFUL = 0.8  # the share of the task a circuit must recover with every other 
 COMPLETE = 0.8  # the share of the task that ablating the circuit must destroy
 NEEDED = 0.05  # a named head must add at least this share of the task to the rest of the circuit
 LEFT_OUT = 0.2  # removing heads from the circuit may lose at most this much more than from the model
-# a composition is real when its score is this many baseline deviations above chance
-COMPOSES = D.COMPOSES.value
+COMPOSES = D.COMPOSES.value  # a composition's z over the random baseline (definitions.COMPOSES)
 KINDS = ("Q", "K", "V")
-# a head attends "where its role says" when this share of its attention goes there (the course's
-# one level for every attention role, chapter 6's induction heads included: definitions.ATTENDS)
+# a head attends "where its role says" when this share of its attention goes there (definitions)
 ATTENDS = D.ATTENDS.value
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attncircuits.analysis import definitions
+
 
 def smooth(values, width: int = 3) -> np.ndarray:
     """Centred moving average over ``width`` points (odd), the ends averaged over what they have."""
@@ -147,8 +149,8 @@ def essential_dynamics(outputs: np.ndarray, n_components: int = 3) -> EssentialD
     return EssentialDynamics(u[:, :k] * s[:k], (s[:k] ** 2) / (s**2).sum())
 
 
-#: the best prefix-matching score at which induction heads have formed (chapter 7's target)
-FORMED = 0.5
+#: the best prefix-matching score at which induction heads have formed (the package's one definition)
+FORMED = definitions.FORMED.value
 
 
 def name_stage(start: dict, end: dict, llc_direction: int) -> str:
