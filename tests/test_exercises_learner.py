@@ -1,12 +1,14 @@
 """The learner's notebooks: generated from the solved chapters, committed, and never stale."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from attncircuits.course.exercises import make_learner
 from attncircuits.course.exercises.make_learner import LIVE_RUN, STUB, generate, learner_notebook, stale, strip_solution
+from attncircuits.course.exercises.run_once import RUN_ONCE, check_skippable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,6 +101,56 @@ def test_the_live_run_is_tested_once_in_the_solved_chapter():
     learner = learner_notebook(solved, name)
     skipped = {c["id"] for c in learner["cells"] if "nbval-skip" in c["metadata"].get("tags", [])}
     assert skipped == live
+
+
+def test_every_chapter_skips_in_the_learners_copy_exactly_its_run_once_cells():
+    """In every chapter the learner's copy skips under test exactly the cells tagged live-run or
+    run-once (each proven safe by make_learner), and chapters 1, 5 and 10's slow cells among them."""
+    seen = set()
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        solved = json.loads(path.read_text())
+        tagged = {c["id"] for c in solved["cells"] if {LIVE_RUN, RUN_ONCE} & set(c["metadata"].get("tags", []))}
+        learner = learner_notebook(solved, path.name)
+        skipped = {c["id"] for c in learner["cells"] if "nbval-skip" in c["metadata"].get("tags", [])}
+        assert skipped == tagged, path.name
+        seen |= {path.name[:2] for c in solved["cells"] if RUN_ONCE in c["metadata"].get("tags", [])}
+    assert {"01", "05", "10"} <= seen, seen
+
+
+def _cells(*cells):
+    """``(where, source, is_solution, skipped)`` rows from ``(source, kind)``: kind '' runs, 's' is a
+    solution, 'x' is skipped, 'sx' both."""
+    return [(f"cell {i}", src, "s" in kind, "x" in kind) for i, (src, kind) in enumerate(cells)]
+
+
+@pytest.mark.parametrize("cells, message", [
+    # the tagged cell reads the learner's function, directly or through an earlier cell's result
+    ([("def f(x):\n    raise NotImplementedError", "s"), ("y = f(2)", "x")], "cell 1 is tagged to run once but reads 'f'"),
+    ([("def f(x):\n    raise NotImplementedError", "s"), ("y = f(2)", ""), ("z = y + 1", "x")],
+     "cell 2 is tagged to run once but reads 'y'"),
+    ([("def f(x):\n    return x", "sx")], "cell 0 is tagged to run once but is an exercise"),
+    # a cell that still runs reads what the skipped cell bound
+    ([("table = slow()", "x"), ("print(table)", "")], "cell 1, which runs in the learner's copy, reads 'table'"),
+    ([("import numpy as np", "x"), ("np.zeros(3)", "")], "reads 'np'"),
+    ([("def g():\n    pass", "x"), ("g()", "")], "reads 'g'"),
+    ([("for k in range(3):\n    pass", "x"), ("print(k)", "")], "reads 'k'"),
+    ([("x = 1", ""), ("x = slow()", "x"), ("assert x", "")], "reads 'x'"),
+    ([("def (", "x")], "cell 0 is not Python"),
+])
+def test_a_run_once_tag_that_is_not_safe_is_refused_naming_cell_and_name(cells, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_skippable(_cells(*cells))
+
+
+@pytest.mark.parametrize("cells", [
+    [("table = slow()", "x"), ("print(table)", "x")],  # its reader skipped too
+    [("x = slow()", "x"), ("x = 2", ""), ("print(x)", "")],  # bound again by a cell that runs
+    [("p = slow()", "x"), ("for p in range(3):\n    print(p)", "")],  # the reader's own loop variable
+    [("%time t = slow()", "x"), ("!ls", ""), ("print(1)", "")],  # magics are not Python
+    [("def f():\n    raise NotImplementedError", "s"), ("check_f(f)", ""), ("y = slow()", "x")],
+])
+def test_a_safe_run_once_tag_is_accepted(cells):
+    check_skippable(_cells(*cells))
 
 
 _HINT = "<details><summary>Hint"

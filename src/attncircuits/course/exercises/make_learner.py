@@ -35,6 +35,8 @@ import re
 import sys
 from pathlib import Path
 
+from attncircuits.course.exercises.run_once import RUN_ONCE, check_skippable
+
 STUB = 'raise NotImplementedError("your solution here")'
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 LEARNER_DIR = "exercises"
@@ -90,9 +92,11 @@ def strip_solution(source: str, where: str) -> str:
     return "\n".join(out)
 
 
-#: a tag for the cells of a live training run (chapter 7): ``make test`` runs them once, in the
-#: solved notebook, so the learner's copy gets nbval's ``nbval-skip`` on them (the run costs the
-#: same and proves nothing new a second time); in Jupyter and Colab they run as usual.
+#: a tag for the cells of a live training run (chapters 7, 11, 13, 14): ``make test`` runs them once,
+#: in the solved notebook, so the learner's copy gets nbval's ``nbval-skip`` on them (the run costs
+#: the same and proves nothing new a second time); in Jupyter and Colab they run as usual. Other
+#: slow cells that run the same in both copies are tagged ``run-once`` to the same effect; either
+#: tag is refused where it is not safe (:mod:`attncircuits.course.exercises.run_once`).
 LIVE_RUN = "live-run"
 #: a tag for the cells that answer an open exercise beyond its solution function (chapter 12's
 #: reading of a mystery's weights): the book collapses them (``hide-cell``), the learner's copy
@@ -105,6 +109,7 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
     nb = copy.deepcopy(nb)
     nb["cells"] = [c for c in nb["cells"] if ANSWER not in c.get("metadata", {}).get("tags", [])]
     n_solutions = 0
+    code_cells = []
     for i, cell in enumerate(nb["cells"]):
         tags = cell.get("metadata", {}).get("tags", [])
         where = f"{name}, cell {cell.get('id')}"
@@ -118,8 +123,10 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
                 n_solutions += 1
             elif BEGIN in text:
                 raise ValueError(f"{where} has solution markers but no 'solution' tag")
-            if LIVE_RUN in tags:  # the same cells run, asserted, in the solved notebook's test
+            once = LIVE_RUN in tags or RUN_ONCE in tags
+            if once:  # the same cells run, asserted, in the solved notebook's test
                 cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), "nbval-skip"]
+            code_cells.append((where, text, "solution" in tags, once))
             if i == 0 and text.startswith(_SETUP_HEADER):
                 text = learner_setup(text, where)
             text = "\n".join(_CHECK_ASSERT.sub(r"\1;", line) for line in text.split("\n"))
@@ -131,6 +138,7 @@ def learner_notebook(nb: dict, name: str, solved_url: str | None = None) -> dict
                 cell["source"] = _lines(_learner_banner(solved_url))
             elif "](../" in _source(cell):  # one folder deeper: links to the book's pages still resolve
                 cell["source"] = _lines(_source(cell).replace("](../", "](../../"))
+    check_skippable(code_cells)
     return nb
 
 
