@@ -396,6 +396,23 @@ def test_loss_at_positions_matches_the_full_loss(tiny_model):
         loss_at_positions(tiny_model, toks, [16])
 
 
+def test_losses_at_a_few_positions_equal_the_full_passes_entries(tiny_model):
+    """Unembedding only the positions read (the same for every row, or each row's own, in chunks
+    that split the rows, with a head ablated) gives the full pass's entries to float precision."""
+    from attncircuits.analysis import losses
+
+    toks = torch.randint(0, 50, (7, 16), generator=torch.Generator().manual_seed(5))
+    full = losses.per_token_loss(tiny_model, toks)
+    per_row = torch.tensor([[3, 15], [1, 2], [9, 4], [15, 15], [2, 7], [8, 1], [5, 6]])
+    torch.testing.assert_close(losses.loss_rows_at(tiny_model, toks, torch.tensor([15, 2]), chunk=3), full[:, [14, 1]])
+    torch.testing.assert_close(losses.loss_rows_at(tiny_model, toks, per_row, chunk=3), full.gather(1, per_row - 1))
+    ablated = losses.per_token_loss(tiny_model, toks, ablate={(0, 0): 0.0})
+    torch.testing.assert_close(losses.loss_rows_at(tiny_model, toks, per_row, chunk=2, ablate={(0, 0): 0.0}),
+                               ablated.gather(1, per_row - 1))
+    assert not torch.allclose(ablated, full)  # the ablation reaches the positions read
+    torch.testing.assert_close(losses.icl_rows(tiny_model, toks), losses.icl_scores_per_row(full, 16))
+
+
 def test_per_token_loss_and_icl_per_row(tiny_model):
     from attncircuits.analysis.losses import icl_score_from_loss, icl_scores_per_row, per_token_loss
 

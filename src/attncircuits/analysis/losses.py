@@ -194,12 +194,22 @@ def loss_at_positions(
 
 
 def _loss_at_positions(model, tokens: Tensor, pos: Tensor, chunk: int = 64) -> Tensor:
-    total = torch.zeros(len(pos))
-    for rows in tokens.split(chunk):
-        _, cache = model.forward_checked(rows, return_cache=True)  # unembed only the positions scored
-        logp = model.to_logits(cache.resid[-1][:, pos - 1]).log_softmax(-1)  # [batch, k, d_vocab]
-        total += -logp.gather(-1, rows[:, pos, None])[..., 0].sum(0).cpu()
-    return total / tokens.shape[0]
+    return loss_rows_at(model, tokens, pos, chunk).sum(0) / tokens.shape[0]
+
+
+@torch.no_grad()
+def loss_rows_at(model, tokens: Tensor, pos: Tensor, chunk: int = 64, **forward_kwargs) -> Tensor:
+    """``[batch, k]``: each row's loss of predicting its token at each of ``pos`` (``[k]``, the same
+    for every row, or ``[batch, k]``; each in 1..n-1, checked by the caller), entry ``[b, j]`` as
+    :func:`per_token_loss`'s ``[b, pos[j] - 1]``. Only those positions are unembedded."""
+    pos = torch.as_tensor(pos, dtype=torch.long)
+    out = []
+    for i, rows in zip(range(0, len(tokens), chunk), tokens.split(chunk)):
+        p = pos if pos.ndim == 1 else pos[i:i + len(rows)]
+        logp = model.forward_checked(rows, at=p - 1, **forward_kwargs).log_softmax(-1)  # [batch, k, d_vocab]
+        targets = rows[:, p] if p.ndim == 1 else rows.gather(1, p)
+        out.append(-logp.gather(-1, targets[..., None])[..., 0].cpu())
+    return torch.cat(out)
 
 
 def _icl_check(n_ctx: int, n: int, late: int | None, early: int | None) -> tuple[int, int]:
@@ -223,6 +233,14 @@ def icl_scores_per_row(
     ``std / sqrt(rows)``, about 0.1 nats over 1024 windows."""
     late, early = _icl_check(n_ctx, nll.shape[-1] + 1, late, early)
     return nll[:, late - 1] - nll[:, early - 1]
+
+
+def icl_rows(model, tokens: Tensor, chunk: int = 64, **forward_kwargs) -> Tensor:
+    """Each row's in-context-learning score (:func:`icl_scores_per_row`) from a forward pass that
+    unembeds only the two positions it reads (``tokens`` checked by the caller)."""
+    late, early = _icl_check(model.cfg.n_ctx, tokens.shape[-1], None, None)
+    nll = loss_rows_at(model, tokens, torch.tensor([late, early]), chunk, **forward_kwargs)
+    return nll[:, 0] - nll[:, 1]
 
 
 def icl_score_from_loss(

@@ -271,7 +271,10 @@ def per_row(quantity: str, model, windows: Windows, head=None, cached: bool = Tr
     if quantity == "validation loss":
         return per_token_loss(model, windows, cached, **forward_kwargs).mean(1)
     if quantity == "ICL score":
-        return losses.icl_scores_per_row(per_token_loss(model, windows, cached, **forward_kwargs), model.cfg.n_ctx)
+        key = (id(model), windows.name, _fingerprint(model))
+        if not forward_kwargs and cached and key in _NLL:  # a page that drew the loss already
+            return losses.icl_scores_per_row(_NLL[key], model.cfg.n_ctx)
+        return losses.icl_rows(model, tokens, **forward_kwargs)  # two positions unembedded, not all
     L = windows.seq_len
     if quantity in ("first-copy loss", "second-copy loss"):
         c = 0 if quantity == "first-copy loss" else 1

@@ -266,13 +266,17 @@ class Transformer(nn.Module):
         return_cache: bool = False,
         ablate: Mapping[Head, Tensor | float | Callable] | None = None,
         patterns: Mapping[Head, Float[Tensor, "batch q k"]] | None = None,
+        at: Int[Tensor, "k"] | Int[Tensor, "batch k"] | None = None,
     ):
         """:meth:`forward` for tokens already checked: a ``[batch, pos]`` int64 tensor on the model's
         device, ids in ``[0, d_vocab)``, at most ``n_ctx`` per row. It reads no value of ``tokens``
         back to the host, so the training loop and the package's functions that checked their input
         once (at their public boundary) run it without a host-device sync per call. ``ablate`` and
         ``patterns`` keys are still checked (plain ints, nothing to sync); their values are checked
-        by :meth:`forward` (:func:`attncircuits.core.validate.ablations`, :func:`~attncircuits.core.validate.patterns`)."""
+        by :meth:`forward` (:func:`attncircuits.core.validate.ablations`, :func:`~attncircuits.core.validate.patterns`).
+        ``at`` (positions, the same ``[k]`` for every row or ``[batch, k]``) unembeds only those
+        positions, logits ``[batch, k, d_vocab]``: the unembedding is most of a forward pass's cost
+        in these models, and a loss read at a few positions needs no more."""
         per_layer_out: list[dict] = [{} for _ in self.blocks]
         per_layer_pat: list[dict] = [{} for _ in self.blocks]
         for key, v in (ablate or {}).items():
@@ -300,6 +304,9 @@ class Transformer(nn.Module):
                 resid = resid + out
         if cache is not None:
             cache.resid.append(resid)
+        if at is not None:
+            rows = torch.arange(resid.shape[0], device=resid.device)[:, None]
+            resid = resid[:, at] if at.ndim == 1 else resid[rows, at]
         logits = self.to_logits(resid)
         return (logits, cache) if return_cache else logits
 
