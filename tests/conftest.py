@@ -24,5 +24,5 @@ def tiny_family(monkeypatch):
 
     monkeypatch.setattr(family, "RECIPE", {"steps": 50, "eval_every": 25, "eval_batches": 1})
     monkeypatch.setattr(family, "N_WINDOWS", 2)
-    monkeypatch.setattr(family, "N_FINAL_WINDOWS", 4)
+    monkeypatch.setattr(family, "N_ICL_WINDOWS", 4)
     return tuple(np.random.default_rng(i).integers(0, 256, n).astype(np.uint16) for i, n in ((0, 20_000), (1, 4_000)))

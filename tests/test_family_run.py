@@ -16,7 +16,7 @@ STREAMS = tuple(np.random.default_rng(i).integers(0, 256, n).astype(np.uint16) f
 def tiny(monkeypatch):
     monkeypatch.setattr(family, "RECIPE", {"steps": 50, "eval_every": 25, "eval_batches": 1})
     monkeypatch.setattr(family, "N_WINDOWS", 2)
-    monkeypatch.setattr(family, "N_FINAL_WINDOWS", 4)
+    monkeypatch.setattr(family, "N_ICL_WINDOWS", 4)
 
 
 def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsys):
@@ -26,7 +26,9 @@ def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsy
     for r in res.values():
         assert r["history"]["step"] == [0, 25, 50]
         assert r["per_token"].shape == (3, 2 * 4)  # every evaluation, every fixed (window, position)
-        assert len(r["history"]["icl"]) == 3 and r["final_icl"]["windows"] == 4
+        # the ICL score on its own fixed windows every second evaluation and at the end, each window kept
+        assert r["history"]["icl_steps"] == [0, 50] and r["icl_rows"].shape == (2, 4)
+        assert r["final_icl"]["windows"] == 4 and r["final_icl"]["mean"] == pytest.approx(r["icl_rows"][-1].mean(), abs=2e-3)
         assert set(r["final_scores"]) >= {"previous_token", "prefix_matching", "duplicate_token", "copying"}
     assert not list(out.glob("*.partial"))
     assert "ln-mlp-1l" in capsys.readouterr().out
@@ -265,3 +267,28 @@ def test_a_device_this_machine_lacks_is_refused_in_one_line_before_anything_is_w
     with pytest.raises(SystemExit):
         family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=STREAMS, device=device)
     assert not out.exists()
+
+
+def test_the_icl_change_is_each_windows_own_change_with_its_standard_error():
+    """Across a phase change the ICL score's change is read window by window (the same text before
+    and after), so its standard error is the change's spread, not the text's: a fall of 0.1 nats
+    under 3 nats of per-window noise is found."""
+    from attncircuits.analysis.phase import Rise, icl_change
+
+    rng = np.random.default_rng(0)
+    text = rng.normal(0, 3, 1024)  # each window's own level: the same at every evaluation
+    steps = np.arange(0, 1100, 100)
+    rows = np.stack([text + rng.normal(0, 0.3, 1024) - (0.1 if s >= 600 else 0.0) for s in steps])
+    window = Rise(4, 6, 400, 600, 0.05, 0.9)
+    c = icl_change(steps, rows, window)  # evaluations at 300, 400 before; 600, 700 after
+    assert c.change == pytest.approx(-0.1, abs=0.04) and c.windows == 1024
+    assert c.se == pytest.approx(0.3 / np.sqrt(1024), rel=0.1) and c.falls()
+    assert c.before == pytest.approx(rows[3:5].mean(), abs=1e-9) and c.after == pytest.approx(rows[6:8].mean(), abs=1e-9)
+    flat = icl_change(steps, rows[:, :] * 0 + text, None)  # nothing changes: no fall
+    assert flat.change == pytest.approx(0, abs=1e-12) and not flat.falls()
+    # unpaired, the same fall would be lost in the text's noise (3 / sqrt(1024) = 0.09 per mean)
+    assert abs(c.change) < 3 * np.sqrt(2) * text.std() / np.sqrt(1024)
+    with pytest.raises(ValueError, match="no ICL evaluation before step 400"):
+        icl_change(steps[6:], rows[6:], window)
+    with pytest.raises(ValueError, match="rows must be"):
+        icl_change(steps, rows[:, :1], window)

@@ -107,6 +107,45 @@ def icl_across(icl, window: Rise | None, n: int = 4) -> tuple[float, float]:
     return float(before.mean()), float(icl[window.end : window.end + n].mean())
 
 
+@dataclass(frozen=True)
+class ICLChange:
+    """The ICL score on the same windows before and after a phase change, and the change with its
+    standard error over the windows (each window's own change, so the text's noise cancels)."""
+
+    before: float
+    after: float
+    change: float
+    se: float
+    windows: int
+
+    def falls(self, n_se: float = 3.0) -> bool:
+        """Whether the score fell by at least ``n_se`` standard errors."""
+        return self.change < 0 and self.change <= -n_se * self.se
+
+
+def icl_change(steps, rows, window: Rise | None, n: int = 2) -> ICLChange:
+    """The ICL score of each fixed window (``rows``: ``[evaluation, window]``, evaluated at
+    ``steps``) averaged over the ``n`` evaluations up to the window's start and the ``n`` from its
+    end, and the mean of each window's change with its standard error. Without a window (no phase
+    change): the ``n`` evaluations after the first (the untrained model) and the last ``n``."""
+    steps, rows = np.asarray(steps), np.asarray(rows, dtype=np.float64)
+    if rows.ndim != 2 or len(rows) != len(steps) or len(steps) < 2 or rows.shape[1] < 2:
+        raise ValueError(f"rows must be [evaluation, window] with one row per step, at least 2 of each, got shape "
+                         f"{rows.shape} for {len(steps)} steps")
+    if window is None:  # a history too short for n on each side shares what it has (tests' tiny runs)
+        k = max(1, min(n, (len(rows) - 1) // 2))
+        before, after = (rows[1:1 + k] if len(rows) > 2 else rows[:1]), rows[-k:]
+    else:
+        upto = np.flatnonzero(steps <= window.start_step)
+        since = np.flatnonzero(steps >= window.end_step)
+        if len(upto) == 0 or len(since) == 0:
+            raise ValueError(f"no ICL evaluation before step {window.start_step:,} or after step {window.end_step:,}")
+        before, after = rows[upto[-n:]], rows[since[:n]]
+    b, a = before.mean(0), after.mean(0)
+    d = a - b
+    return ICLChange(float(b.mean()), float(a.mean()), float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))), len(d))
+
+
 @dataclass
 class LossPCA:
     """Every snapshot of every member projected on two principal components."""
@@ -195,6 +234,7 @@ class MemberSummary:
     final_icl_se: float
     prev_head: tuple[int, int]  # the best previous-token head (on text) at the end
     prev_score: float
+    icl: ICLChange | None = None  # across the phase change on the fixed windows (results that keep them)
 
     def row(self) -> str:
         w = self.phase.window
@@ -216,9 +256,13 @@ def summarize(name: str, result: dict) -> MemberSummary:
     """The family-table row of one member's results (as ``make family`` writes them)."""
     h = result["history"]
     phase = phase_change(h)
-    before, after = icl_across(h["icl"], phase.window)
+    if result.get("icl_rows") is not None:  # each fixed window's score at each ICL evaluation
+        change = icl_change(h["icl_steps"], result["icl_rows"], phase.window)
+        before, after = change.before, change.after
+    else:
+        change, (before, after) = None, icl_across(h["icl"], phase.window)
     prev = np.asarray(result["final_scores"]["previous_token"], dtype=float)
     flat = int(prev.argmax())
     return MemberSummary(name, result["n_params"], h["step"][-1], result["tokens_per_step"], phase, before, after,
                          result["final_icl"]["mean"], result["final_icl"]["se"],
-                         (flat // prev.shape[1], flat % prev.shape[1]), float(prev.max()))
+                         (flat // prev.shape[1], flat % prev.shape[1]), float(prev.max()), change)

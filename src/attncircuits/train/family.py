@@ -6,17 +6,15 @@ with MLPs and LayerNorm, plus the 2-layer attention-only model with each other p
 the family (learned positions in the residual stream, rotary, none). Every member trains on the
 same tokens, with the same seed and schedule (:data:`RECIPE`): chapter 7's live recipe (256 ids,
 64 positions, three quarters of each batch random tokens repeated) at a rate of 2e-3 instead of
-5e-3, for 2,400 steps. At 5e-3 the 2-layer model forms induction heads by step 400, but the 5- and
-6-layer attention-only members and every member with MLPs formed none in 1,500 steps; at 2e-3 the
-2-layer model's best head is "formed" (0.5) at step 625 (seed 0; 700 with seed 1), the 6-layer one's
-at 1,300, the 2-layer MLP one's at 975: a member forming none in 2,400 steps had thrice the time.
+5e-3, for 2,400 steps (at 5e-3 the deepest members and those with MLPs formed no induction head
+in 1,500 steps; at 2e-3 the slowest formed at step 1,300).
 
-Every 25 steps the loop records the validation loss and every head's previous-token and
+Every evaluation the loop records the validation loss and every head's previous-token and
 prefix-matching scores; this module adds the loss at :data:`N_WINDOWS` fixed validation windows,
-:data:`POSITIONS_PER_WINDOW` positions each (the ICL score's two, two at random), for the
-per-token-loss PCA and each evaluation's ICL score (standard error about 0.2 nats, but on the same
-text at every step). At the end every detector scores every head and the ICL score is measured on
-:data:`N_FINAL_WINDOWS` windows. A member's results (a JSON file, an ``.npz``) go to the seed's
+:data:`POSITIONS_PER_WINDOW` positions each, for the per-token-loss PCA, and every
+:data:`ICL_EVERY` evaluations each of :data:`N_ICL_WINDOWS` fixed windows' ICL score, so that its
+change across the phase change is read window by window (:func:`attncircuits.analysis.phase.icl_change`).
+A member's results (a JSON file, an ``.npz``) go to the seed's
 folder (:func:`default_out`: seed 0's in the package, another's in ``replicates/family-seed-N/``),
 listed with their SHA-256s in its ``manifest.json``; an interrupted run keeps each member's last
 evaluation in ``<member>.partial/``, from which the same command resumes. Every file is verified
@@ -60,12 +58,12 @@ RESULTS_ENV = modelset.FAMILY_ENV
 CHAPTER = "11_model_family"
 #: chapter 7's live recipe at a lower rate (see the module), thrice the steps its 2-layer model needs
 RECIPE = dict(lr=2e-3, steps=2400, eval_every=25)
-#: the fixed windows of validation text read at every evaluation: the ICL score's two positions and
-#: POSITIONS_PER_WINDOW - 2 more (seeded) of each, whose losses are kept for the PCA
+#: fixed windows read at every evaluation, the ICL score's positions and 2 more (seeded), for the PCA
 N_WINDOWS = 256
 POSITIONS_PER_WINDOW = 4
-#: windows of validation text for the ICL score at the end (its standard error about 0.1 nats)
-N_FINAL_WINDOWS = 1024
+#: fixed windows for the ICL score, read every ICL_EVERY evaluations and at the end, each kept
+N_ICL_WINDOWS = 1024
+ICL_EVERY = 2
 
 MEMBERS: dict[str, dict] = {
     **{f"attn-{n}l": {"n_layers": n} for n in range(1, 7)},
@@ -109,13 +107,10 @@ def fixed_positions(n_ctx: int, n_windows: int | None = None, k: int | None = No
     return np.concatenate([np.full((n_windows, 1), early), np.full((n_windows, 1), late), others], 1)
 
 
-def read_fixed(model, tokens: torch.Tensor, positions: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """The losses at the fixed (window, position) pairs (flattened, as float16), and the ICL score
-    (late minus early) with its standard error over the windows."""
-    nll = losses.per_token_loss(model, tokens)  # column t predicts the token at position t + 1
-    picked = torch.gather(nll, 1, torch.from_numpy(positions - 1).long())
-    rows = picked[:, 1] - picked[:, 0]
-    return picked.flatten().to(torch.float16).numpy(), rows.mean().item(), (rows.std() / len(rows) ** 0.5).item()
+def read_fixed(model, tokens: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+    """The losses at the fixed (window, position) pairs, flattened, as float16 (only those
+    positions are unembedded)."""
+    return losses.loss_rows_at(model, tokens, torch.from_numpy(positions)).flatten().to(torch.float16).numpy()
 
 
 def train_member(name: str, seed: int, out: Path, streams=None, device: str = "cpu") -> dict:
@@ -129,7 +124,7 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
     if state is not None:
         print(f"  {name}: resuming from its state saved at step {state['step']:,}", flush=True)
     fixed = {}  # the same windows and positions for every member, read at the first evaluation
-    kept = state["kept"] if state else {"per_token": [], "icl": [], "icl_se": []}
+    kept = state["kept"] if state else {"per_token": [], "icl_steps": [], "icl": [], "icl_se": [], "icl_rows": []}
     every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
 
     def on_eval(step, model, row):
@@ -142,11 +137,14 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
                   "from its last saved state)", flush=True)
             os._exit(0)
         if not fixed:
-            fixed["tokens"] = live_text(model, N_WINDOWS)
+            fixed["tokens"] = live_text(model, max(N_WINDOWS, N_ICL_WINDOWS))
             fixed["positions"] = fixed_positions(mcfg.n_ctx)
-        nll, icl, se = read_fixed(model, fixed["tokens"], fixed["positions"])
-        for key, val in (("per_token", nll), ("icl", icl), ("icl_se", se)):
-            kept[key].append(val)
+        kept["per_token"].append(read_fixed(model, fixed["tokens"][:N_WINDOWS], fixed["positions"]))
+        if step % (ICL_EVERY * cfg.eval_every) == 0 or step == cfg.steps:
+            rows = losses.icl_rows(model, fixed["tokens"][:N_ICL_WINDOWS])
+            for key, val in (("icl_steps", step), ("icl", rows.mean().item()),
+                             ("icl_se", (rows.std() / len(rows) ** 0.5).item()), ("icl_rows", rows.to(torch.float16).numpy())):
+                kept[key].append(val)
         if step and step % every == 0 or step == cfg.steps:  # one progress line per tenth of the budget
             print(f"  {name:<16} step {step:>5,} of {cfg.steps:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
@@ -157,14 +155,14 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
     model, history, _ = train(mcfg, cfg, tr, va, device=device, progress=False, resume=state,
                               save_state=save_state, callback=on_eval)
     scores = head_scores(model, live_text(model, 32), seq_len=15, n_repeats=4)
-    final = losses.icl_scores_per_row(losses.per_token_loss(model, live_text(model, N_FINAL_WINDOWS)), mcfg.n_ctx)
+    final = np.asarray(kept["icl_rows"][-1], dtype=np.float64)  # the last step's, on the fixed windows
     result = {
         "member": name, "config": mcfg.to_dict(), "seed": seed, "n_params": model.n_params(),
         "tokens_per_step": cfg.batch_size * mcfg.n_ctx, "wall_s": time.perf_counter() - t0,
         "device": torch.device(device).type,
         "history": {**{k: history[k] for k in ("step", "val_loss", "prev_token", "prefix_matching")},
-                    "icl": kept["icl"], "icl_se": kept["icl_se"]},
-        "final_icl": {"mean": final.mean().item(), "se": (final.std() / len(final) ** 0.5).item(),
+                    "icl_steps": kept["icl_steps"], "icl": kept["icl"], "icl_se": kept["icl_se"]},
+        "final_icl": {"mean": float(final.mean()), "se": float(final.std(ddof=1) / len(final) ** 0.5),
                       "windows": len(final)},
         "fixed_windows": N_WINDOWS, "fixed_positions": fixed_positions(mcfg.n_ctx).tolist(),
         "final_scores": {k: v.tolist() for k, v in scores.scores.items()},
@@ -172,8 +170,8 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
     # the losses, the results, then both listed with their hashes in the folder's manifest, which
     # marks the member done: a kill before that leaves it not done, and a rerun trains it again from
     # its last saved state
-    durable.write_file(out / f"{name}.npz", lambda f: np.savez_compressed(f, per_token=np.stack(kept["per_token"])),
-                       binary=True)
+    durable.write_file(out / f"{name}.npz", lambda f: np.savez_compressed(
+        f, per_token=np.stack(kept["per_token"]), icl_rows=np.stack(kept["icl_rows"])), binary=True)
     durable.write_text(out / f"{name}.json", json.dumps(result) + "\n")
     family_files.record(out, name)
     family_files.remove_state(out, name)
@@ -266,7 +264,7 @@ def run(seed: int = 0, processes: int = 2, members: list[str] | None = None, out
               f"on {on}", flush=True)
         jobs = [(n, seed, out, streams, str(dev)) for n in todo]
         if pool:
-            settings = {k: globals()[k] for k in ("RECIPE", "MEMBERS", "N_WINDOWS", "N_FINAL_WINDOWS")}
+            settings = {k: globals()[k] for k in ("RECIPE", "MEMBERS", "N_WINDOWS", "N_ICL_WINDOWS", "ICL_EVERY")}
             done = pool.run(_task, [(job, settings) for job in jobs], todo, gpu=dev.type == "cuda")
         elif processes == 1:  # here, one after the other
             done = map(_worker, jobs)
@@ -324,7 +322,9 @@ def load(out: Path) -> dict[str, dict]:
         r = family_files.finished(out, name, rid["seed"], rid["members"].get(name), f"make family SEED={rid['seed']}",
                                   table)
         if r is not None:
-            r["per_token"] = np.load(out / f"{name}.npz")["per_token"].astype(np.float32)
+            with np.load(out / f"{name}.npz") as z:
+                r["per_token"] = z["per_token"].astype(np.float32)
+                r["icl_rows"] = z["icl_rows"].astype(np.float32) if "icl_rows" in z else None
             res[name] = r
     return res
 
