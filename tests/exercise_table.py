@@ -449,8 +449,13 @@ def _rcs(d_model, d_head, n, seed=0, full=False, same=False, uniform=False, orde
 
 
 wrong(C, "full-rank", lambda *a: _rcs(*a, full=True), "rank", "named")
-# One matrix as writer and reader gives the same distribution of scores as two (measured: mean and
-# std agree to 1% for d_model 2-64), so no output can tell it; it is not in the table.
+# One matrix as writer and reader gives the same distribution of scores as two (mean and std agree
+# to 1% for d_model 2-64): the check tells it by the number of Gaussian numbers drawn
+wrong(C, "one matrix as writer and reader", lambda *a: _rcs(*a, same=True), "the same matrix", "named")
+wrong(C, "one matrix as writer and reader, drawn with torch.normal", lambda d, h, n, s=0: (lambda g: (
+    lambda m: torch.linalg.matrix_norm(m @ m) / torch.linalg.matrix_norm(m) ** 2)(torch.normal(
+        0.0, 1.0, (n, d, h), generator=g) @ torch.normal(0.0, 1.0, (n, h, d), generator=g)))(
+    torch.Generator().manual_seed(s)), "half of the", "named")
 wrong(C, "not normalised", lambda d, h, n, s=0: _rcs(d, h, n, s) * 1000, "above 1")
 wrong(C, "torch.rand", lambda *a: _rcs(*a, uniform=True), "torch.randn", "named")
 wrong(C, "symmetric matrices U @ U.T", lambda d, h, n, s=0: (lambda g: (lambda a, b: torch.linalg.matrix_norm(a @ b) / (
@@ -473,6 +478,9 @@ wrong(C, "the spectral norm for the Frobenius", lambda d, h, n, s=0: (lambda a, 
         n, h, d, generator=g))(torch.Generator().manual_seed(s + i)) for i in range(2)]), "check each step against the text",
       avoid="draw each matrix as the product")
 right(C, "the solution", _sol("random_composition_scores"))
+right(C, "n + 1 matrices, each sample two neighbours", lambda d, h, n, s=0: (lambda g: (lambda m: torch.linalg.matrix_norm(
+    m[:-1] @ m[1:]) / (torch.linalg.matrix_norm(m[:-1]) * torch.linalg.matrix_norm(m[1:])))(
+    torch.randn(n + 1, d, h, generator=g) @ torch.randn(n + 1, h, d, generator=g)))(torch.Generator().manual_seed(s)))
 right(C, "a loop of samples", lambda d, h, n, s=0: (lambda g: torch.stack([(lambda a, b: (a @ b).norm() / (
     a.norm() * b.norm()))(torch.randn(d, h, generator=g) @ torch.randn(h, d, generator=g),
                           torch.randn(d, h, generator=g) @ torch.randn(h, d, generator=g)) for _ in range(n)]))(
