@@ -444,6 +444,22 @@ def test_bad_skip_trigrams_are_refused_in_one_line_naming_the_form(bad, says):
     assert not result.passed and len(result.failures) == 1 and says in result.failures[0], result.failures
 
 
+def test_no_json_like_value_in_the_skip_trigrams_raises_a_traceback():
+    import numpy as np
+    values = [None, True, 0, 3, -1, 1.5, float("nan"), "", "T0", "cue0", "A0", "x", [], ["T0"], [3, 1, 9], {},
+              {"a": 1}, np.int64(3), np.float32(3.0), 10**30, ("T0", "cue0", "A0")]
+    g = grader.grader_for("mystery-2")
+    heads = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
+    seen = 0
+    for v in values:
+        for trigrams in (v, {"0.0": v}, {"0.0": [v]}, {"0.0": [(v, "cue0", "A0")]}, {"0.0": [("T0", v, "A0")]},
+                         {"0.0": [("T0", "cue0", v)]}, {v: []} if isinstance(v, (str, int, float, tuple)) else {}):
+            result = g.grade({"model": "mystery-2", "heads": heads, "skip_trigrams": trigrams}, show=False)
+            assert not result.passed and result.failures and all("\n" not in f for f in result.failures)
+            seen += 1
+    assert seen > 100
+
+
 def test_skip_trigrams_by_token_id_are_the_same_claim_and_other_models_refuse_the_key():
     true = _truth("mystery-2")
     names = grader.grader_for("mystery-2").task.token_names()
