@@ -449,8 +449,13 @@ def _rcs(d_model, d_head, n, seed=0, full=False, same=False, uniform=False, orde
 
 
 wrong(C, "full-rank", lambda *a: _rcs(*a, full=True), "rank", "named")
-# One matrix as writer and reader gives the same distribution of scores as two (measured: mean and
-# std agree to 1% for d_model 2-64), so no output can tell it; it is not in the table.
+# One matrix as writer and reader gives the same distribution of scores as two (mean and std agree
+# to 1% for d_model 2-64): the check tells it by the number of Gaussian numbers drawn
+wrong(C, "one matrix as writer and reader", lambda *a: _rcs(*a, same=True), "the same matrix", "named")
+wrong(C, "one matrix as writer and reader, drawn with torch.normal", lambda d, h, n, s=0: (lambda g: (
+    lambda m: torch.linalg.matrix_norm(m @ m) / torch.linalg.matrix_norm(m) ** 2)(torch.normal(
+        0.0, 1.0, (n, d, h), generator=g) @ torch.normal(0.0, 1.0, (n, h, d), generator=g)))(
+    torch.Generator().manual_seed(s)), "half of the", "named")
 wrong(C, "not normalised", lambda d, h, n, s=0: _rcs(d, h, n, s) * 1000, "above 1")
 wrong(C, "torch.rand", lambda *a: _rcs(*a, uniform=True), "torch.randn", "named")
 wrong(C, "symmetric matrices U @ U.T", lambda d, h, n, s=0: (lambda g: (lambda a, b: torch.linalg.matrix_norm(a @ b) / (
@@ -473,6 +478,9 @@ wrong(C, "the spectral norm for the Frobenius", lambda d, h, n, s=0: (lambda a, 
         n, h, d, generator=g))(torch.Generator().manual_seed(s + i)) for i in range(2)]), "check each step against the text",
       avoid="draw each matrix as the product")
 right(C, "the solution", _sol("random_composition_scores"))
+right(C, "n + 1 matrices, each sample two neighbours", lambda d, h, n, s=0: (lambda g: (lambda m: torch.linalg.matrix_norm(
+    m[:-1] @ m[1:]) / (torch.linalg.matrix_norm(m[:-1]) * torch.linalg.matrix_norm(m[1:])))(
+    torch.randn(n + 1, d, h, generator=g) @ torch.randn(n + 1, h, d, generator=g)))(torch.Generator().manual_seed(s)))
 right(C, "a loop of samples", lambda d, h, n, s=0: (lambda g: torch.stack([(lambda a, b: (a @ b).norm() / (
     a.norm() * b.norm()))(torch.randn(d, h, generator=g) @ torch.randn(h, d, generator=g),
                           torch.randn(d, h, generator=g) @ torch.randn(h, d, generator=g)) for _ in range(n)]))(
@@ -961,14 +969,86 @@ right(C, "one minus", lambda c, n, k, x: (1 - (k - c) / (n - c), 1 - (n - x) / (
 right(C, "a list", lambda c, n, k, x: [(n - k) / (n - c), (x - c) / (n - c)])
 
 
-def _hyp(model, heads, comps=()):
-    return lambda: {"model": model, "heads": dict(heads), "compositions": list(comps)}
+def _hyp(model, heads, comps=(), trigrams=None):
+    """A hypothesis function; on mystery 2 each skip-trigram head named gets its true list
+    (``_lists_2``) unless ``trigrams`` says otherwise."""
+    def fn():
+        said = {"model": model, "heads": dict(heads), "compositions": list(comps)}
+        if model == "mystery-2" and trigrams != "none":
+            said["skip_trigrams"] = {k: v for k, v in (trigrams or _lists_2()).items() if heads.get(k) == "skip-trigram"}
+        return said
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _lists_2() -> dict:
+    """Each head of mystery 2's skip-trigrams, read from its QK and OV circuits as the chapter's
+    rule 6 says (not from the package's list or the ground truth)."""
+    from attncircuits.checkpoints.mysteries import load_mystery
+    m = load_mystery("mystery-2")
+    task, names = m.task, m.task.token_names()
+    answers = torch.tensor(task.answer_tokens)
+    rows = torch.tensor([[0, t, c] for c in task.cues for t in task.triggers])
+    with torch.no_grad():
+        _, cache = m.model.run_with_cache(rows)
+        out = {}
+        for h in range(m.model.cfg.n_heads):
+            ov = full_ov_circuit(m.model, 0, h).AB[:, answers]
+            out[f"0.{h}"] = [(names[t], names[c], names[int(answers[ov[t].argmax()])])
+                             for (_, t, c), a in zip(rows.tolist(), cache.pattern[0][:, h, -1, 1]) if a > 0.5]
+    return out
+
+
+def _lists_2_changed(change):
+    return lambda: {"model": "mystery-2", "heads": dict(M2), "compositions": [], "skip_trigrams": change(_lists_2())}
+
+
+def _grammar_lists(source):
+    """The grammar table (``source``: 'model' or 'task') as each head's list: the grammar, not what
+    each head does."""
+    from attncircuits.checkpoints.mysteries import load_mystery
+    m = load_mystery("mystery-2")
+    names = m.task.token_names()
+    table = model_grammar(m.model, m.task) if source == "model" else m.task.table()
+    pairs = [(names[t], names[c], names[int(table[i, j])]) for i, c in enumerate(m.task.cues)
+             for j, t in enumerate(m.task.triggers)]
+    return lambda: {"model": "mystery-2", "heads": dict(M2), "skip_trigrams": {"0.0": pairs, "0.1": pairs}}
+
+
+def _every_cue(lists):
+    """Each listed trigger's answer with every cue: the OV circuit read, the QK circuit not."""
+    from attncircuits.checkpoints.mysteries import load_mystery
+    cues = load_mystery("mystery-2").task.token_names()[1:3]
+    return {k: sorted({(t, c, a) for t, _, a in v for c in cues}) for k, v in lists.items()}
 
 
 M2 = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
 C = "ch12.check_mystery_2"
 wrong(C, "another head's answer: one head", _hyp("mystery-2", {"0.0": "skip-trigram"}),
       "the task needs heads you did not name", "named", avoid="add nothing")
+wrong(C, "the role alone: both heads 'skip-trigram', the task's own name", _hyp("mystery-2", M2, trigrams="none"),
+      "is named skip-trigram with no list of what it implements", "named")
+wrong(C, "the two heads' lists swapped", _lists_2_changed(lambda d: {"0.0": d["0.1"], "0.1": d["0.0"]}),
+      "skip-trigrams: 0.0 does not implement", "named")
+wrong(C, "one skip-trigram left out", _lists_2_changed(lambda d: {**d, "0.0": d["0.0"][1:]}),
+      "skip-trigrams: 0.0 implements 1 skip-trigram your list leaves out", "named")
+wrong(C, "one skip-trigram with another answer", _lists_2_changed(
+    lambda d: {**d, "0.0": [d["0.0"][0][:2] + ("A0" if d["0.0"][0][2] != "A0" else "A1",)] + d["0.0"][1:]}),
+      "needs first", "named")
+wrong(C, "the model's grammar as each head's", _grammar_lists("model"), "skip-trigrams: 0.0 does not implement",
+      "named")
+wrong(C, "the task's table as each head's", _grammar_lists("task"), "skip-trigrams: 0.0 does not implement",
+      "named")
+wrong(C, "every cue for each trigger (QK not read)", _lists_2_changed(_every_cue),
+      "needs over 0.50 (its QK circuit)", "named")
+wrong(C, "the cue first", _lists_2_changed(lambda d: {k: [(c, t, a) for t, c, a in v] for k, v in d.items()}),
+      "is no trigger: a skip-trigram is (trigger, cue, answer)", "named")
+wrong(C, "empty lists", _lists_2_changed(lambda d: {k: [] for k in d}), "your list leaves out", "named")
+wrong(C, "lists as one string", _lists_2_changed(lambda d: {k: " ".join(map(str, v)) for k, v in d.items()}),
+      "are a list of (trigger, cue, answer)", "named")
+wrong(C, "skip-trigrams for a head not named", lambda: {"model": "mystery-2", "heads": {"0.0": "skip-trigram"},
+                                                      "skip_trigrams": _lists_2()},
+      "which has no role in 'heads'", "named")
 wrong(C, "copying heads", _hyp("mystery-2", {k: "copying" for k in M2}), "as copying: score", "named")
 wrong(C, "previous-token heads", _hyp("mystery-2", {k: "previous-token" for k in M2}), "as previous-token: score",
       "named")
@@ -987,9 +1067,13 @@ wrong(C, "compositions given as an int", lambda: {"model": "mystery-2", "heads":
       "'compositions' is a list", "named", avoid="could not be compared")
 wrong(C, "a head as a bool pair", _hyp("mystery-2", {(False, True): "skip-trigram", "0.0": "skip-trigram"}),
       "is not a head", "named")
-right(C, "the two skip-trigram heads", _hyp("mystery-2", M2))
+right(C, "the two skip-trigram heads with their skip-trigrams", _hyp("mystery-2", M2))
 right(C, "heads as pairs, no compositions key", lambda: {"model": "mystery-2", "heads": {(0, 0): "skip-trigram",
-                                                                                       (0, 1): "skip-trigram"}})
+                                                                                       (0, 1): "skip-trigram"},
+                                                          "skip_trigrams": _lists_2()})
+right(C, "skip-trigrams as lists of token ids, in another order", _lists_2_changed(lambda d: {
+    k: [[__import__("attncircuits.checkpoints.mysteries", fromlist=["x"]).load_mystery("mystery-2").task
+         .token_names().index(x) for x in t] for t in reversed(v)] for k, v in d.items()}))
 
 def _grammar_rows(change):
     """The reference grammar of mystery 2, changed."""
@@ -1096,9 +1180,11 @@ wrong(C, "a V composition from 0.3 into each", _hyp("mystery-3", M3, [("0.3", r,
       "feeds no named head", "named")
 right(C, "one V composition out of each previous-token head, one into each duplicate-token head",
       _hyp("mystery-3", M3, M3V_EACH))
-right(C, "every V composition at 3 sd (the derived circuit's)", lambda: {
-    "model": "mystery-3", "heads": dict(M3), "compositions": [tuple(c) for c in __import__(
-        "attncircuits.checkpoints.mysteries", fromlist=["x"]).load_mystery("mystery-3").ground_truth["compositions"]]})
+right(C, "every V composition at 3 sd between the named heads", lambda: {
+    "model": "mystery-3", "heads": dict(M3), "compositions": [
+        (f"0.{w}", f"1.{r}", "V") for w in range(4) for r in (0, 1, 3)
+        if __import__("attncircuits.course.grader", fromlist=["x"]).grader_for("mystery-3").z[((0, w), (1, r), "V")]
+        >= 3.0]})
 
 def _paths(change):
     """The reference answer_paths, changed."""

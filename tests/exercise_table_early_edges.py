@@ -355,6 +355,36 @@ def _package_answers_9_to_12(wrong, said) -> None:
             return {"model": name, "heads": circuit["heads"], "compositions": circuit["compositions"]}
 
         wrong(f"ch12.check_mystery_{name[-1]}", f"{find} of {name}", found, said, "named")
+    for name in ("mystery-2", "mystery-3"):  # the ground truth shipped beside the model: read, not found
+        def stored(name=name):
+            from attncircuits.analysis.hypothesis import from_truth
+            from attncircuits.checkpoints.mysteries import load_mystery
+            return from_truth(name, load_mystery(name).ground_truth)
+
+        def stored_file(name=name):  # through the store's own reader
+            from attncircuits.analysis.hypothesis import from_truth
+            from attncircuits.checkpoints import mysteries as store
+            return from_truth(name, store.read_ground_truth(store.MYSTERY_DIR / name))
+
+        wrong(f"ch12.check_mystery_{name[-1]}", f"{name}'s ground_truth", stored, "`Mystery.ground_truth`", "named")
+        wrong(f"ch12.check_mystery_{name[-1]}", f"{name}'s ground truth by read_ground_truth", stored_file,
+              "`read_ground_truth`", "named")
+
+    def listed():  # the package's own skip-trigram lists of mystery 2's heads
+        from attncircuits.analysis.grammar_heads import head_skip_trigrams, skip_trigram_names
+        g = grader.grader_for("mystery-2")
+        return {"model": "mystery-2", "heads": {"0.0": "skip-trigram", "0.1": "skip-trigram"},
+                "skip_trigrams": {f"0.{h[1]}": skip_trigram_names(g.task, v)
+                                  for h, v in head_skip_trigrams(g.model, g.task).items()}}
+
+    def listed_by_grader():  # the grader's own measurement, asked for the answer
+        g = grader.grader_for("mystery-2")
+        return {"model": "mystery-2", "heads": {"0.0": "skip-trigram", "0.1": "skip-trigram"},
+                "skip_trigrams": {f"0.{h}": [tuple(g.task.token_names()[x] for x in t) for t in g.skip_trigrams.of(h)]
+                                  for h in range(2)}}
+
+    wrong("ch12.check_mystery_2", "head_skip_trigrams", listed, said, "named")
+    wrong("ch12.check_mystery_2", "the grader's SkipTrigrams.of", listed_by_grader, "`SkipTrigrams.of`", "named")
 
 
 def _tl_fold(w_ln, b_ln, W, b):

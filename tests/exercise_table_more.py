@@ -192,6 +192,18 @@ def _what_the_text_allows(wrong, right, sol) -> None:
           lambda *a, **k: tuple(np.int64(x) for x in sol("rise_window")(*a, **k)))
     right("ch11.check_best_induction_head", "numpy integers",
           lambda *a, **k: tuple(np.int64(x) for x in sol("best_induction_head")(*a, **k)))
+    wrong("ch11.check_rise_window", "a list where the text asks a tuple",
+          lambda *a, **k: list(sol("rise_window")(*a, **k)), "returns a list; the exercise asks for a tuple", "named")
+    wrong("ch11.check_best_induction_head", "a list where the text asks a tuple (layer, head)",
+          lambda *a, **k: list(sol("best_induction_head")(*a, **k)), "returns a list; the exercise asks for a tuple",
+          "named")
+    wrong("ch13.check_stage_starts", "a tuple where the text asks a list",
+          lambda *a, **k: tuple(sol("stage_starts")(*a, **k)), "returns a tuple; the exercise asks for a list", "named")
+    wrong("ch14.check_critical_steps", "a tuple where the text asks a list",
+          lambda *a, **k: tuple(sol("critical_steps")(*a, **k)), "returns a tuple; the exercise asks for a list",
+          "named")
+    wrong("ch14.check_trace_verdict", "the verdict in a list", lambda *a, **k: [sol("trace_verdict")(*a, **k)],
+          "returns a list; the exercise asks for a str", "named")
     right("ch02.check_bigram_counts", "int32 counts", lambda *a: sol("bigram_counts")(*a).int())
     right("ch01.check_attention_pattern", "a numpy array", lambda *a: sol("attention_pattern")(*a).detach().numpy())
     wrong("ch04.check_copying_score", "complex, without .real", lambda *a: torch.tensor(complex(sol("copying_score")(*a))),

@@ -83,6 +83,21 @@ def test_named_diagnosis(capsys):
     assert one_line(capsys) == "✗ scores: on shipped-like: scores are not divided by sqrt(d_head)"
 
 
+def test_a_diagnosis_is_given_only_where_the_cases_tell_it_from_another(capsys):
+    """Two mistakes whose answers agree on every case: naming either would not tell the learner
+    which was made, so the message says what was measured; a property of the output that fits
+    (``applies``) gives way to a mistake's recomputed answer, and is said where none fits."""
+    twin = Diagnosis("the scores are summed, not divided", lambda ref, case: ref * math.sqrt(case.args[1]))
+    assert run_check(lambda x, d: x @ x.T, CASES, scaled_scores, [MISSING_SCALE, twin], name="scores") is False
+    said = one_line(capsys)
+    assert "sqrt(d_head)" not in said and "summed" not in said and "times" in said, said
+    big = Diagnosis("some scores are above 1", applies=lambda got, e, c: bool((got > 1).any()))
+    assert run_check(lambda x, d: x @ x.T, CASES, scaled_scores, [big, MISSING_SCALE], name="scores") is False
+    assert one_line(capsys) == "✗ scores: on shipped-like: scores are not divided by sqrt(d_head)"
+    assert run_check(lambda x, d: 7 + x @ x.T, CASES, scaled_scores, [big, MISSING_SCALE], name="scores") is False
+    assert one_line(capsys) == "✗ scores: on shipped-like: some scores are above 1"
+
+
 def test_generic_sign_transpose_and_factor(capsys):
     assert check(lambda x, d: -(x @ x.T) / d**0.5) is False
     assert "wrong sign" in one_line(capsys)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attncircuits.analysis import circuit_check as cc
+from attncircuits.analysis.hypothesis import from_truth
 from attncircuits.checkpoints import mysteries as store
 from attncircuits.core.heads import head_name
 from attncircuits.course import grader
@@ -286,8 +287,7 @@ def test_the_derived_circuit_leaves_out_a_head_no_composition_links():
 
 
 def _truth(name):
-    t = store.load_mystery(name).ground_truth
-    return {"model": name, "heads": dict(t["heads"]), "compositions": [tuple(c) for c in t["compositions"]]}
+    return from_truth(name, store.load_mystery(name).ground_truth)
 
 
 @pytest.mark.parametrize("name", MYSTERIES)
@@ -310,7 +310,10 @@ def wrong_hypotheses(name) -> list[tuple[str, dict]]:
     out = []
 
     def hyp(label, h, c=None):
-        out.append((label, {"model": name, "heads": h, "compositions": comps if c is None else c}))
+        said = {"model": name, "heads": h, "compositions": comps if c is None else c}
+        if "skip_trigrams" in true:  # each skip-trigram head named keeps its true list
+            said["skip_trigrams"] = {k: v for k, v in true["skip_trigrams"].items() if h.get(k) == "skip-trigram"}
+        out.append((label, said))
 
     idle = [x for x in every if x not in heads]
     for x in list(heads)[:2]:
@@ -342,6 +345,8 @@ def wrong_hypotheses(name) -> list[tuple[str, dict]]:
             hyp(f"layer {layer} only", {k: r for k, r in heads.items() if int(k[0]) == layer}, [])
         if len(roles) == 2:
             hyp("the two roles swapped", {k: roles[1 - roles.index(r)] for k, r in heads.items()})
+    if "skip_trigrams" in true:  # a grammar model: each kind of wrong list of skip-trigrams
+        out.extend(x for x in _wrong_skip_trigrams(name, true) if x[0] != "the cue first")  # refused, not graded
     if idle:  # everything named at once: each head with its best role, copying where none fits
         best = {head_name(*h): r for h, r in cc.best_roles(g.roles).items()}
         everything = {x: best.get(x, "copying") for x in every}
@@ -349,6 +354,131 @@ def wrong_hypotheses(name) -> list[tuple[str, dict]]:
                      for w, r in [(head_name(*w_), head_name(*r_))]]
         hyp("every head named", everything, all_comps)
     return out
+
+
+def _wrong_skip_trigrams(name, true) -> list[tuple[str, dict]]:
+    """Mystery 2's heads right and their skip-trigrams wrong, each kind of way: the role alone (the
+    task's own name), lists swapped between the heads, one left out, one with another answer or a
+    trigger its cue does not attend to, the model's grammar (or the task's table) given as the
+    heads', each trigger's OV answer with every cue (the QK circuit not read), the cue first,
+    empty lists."""
+    g = grader.grader_for(name)
+    task, names = g.task, g.task.token_names()
+    lists = {k: [tuple(x) for x in v] for k, v in true["skip_trigrams"].items()}
+    first, second = sorted(lists)
+    out = []
+
+    def hyp(label, trigrams):
+        out.append((label, {"model": name, "heads": true["heads"], "compositions": [], "skip_trigrams": trigrams}))
+
+    out.append(("the role alone", {"model": name, "heads": true["heads"], "compositions": []}))
+    hyp("the two lists swapped", {first: lists[second], second: lists[first]})
+    hyp("one skip-trigram left out", {**lists, first: lists[first][1:]})
+    t, c, a = lists[first][0]
+    other = next(x for x in (names[y] for y in task.answer_tokens) if x != a)
+    hyp("one skip-trigram with another answer", {**lists, first: [(t, c, other)] + lists[first][1:]})
+    pairs = {(x[0], x[1]) for x in lists[first]}
+    t2, c2 = next((names[t], names[c]) for c in task.cues for t in task.triggers if (names[t], names[c]) not in pairs)
+    hyp("a trigger its cue does not attend to", {**lists, first: lists[first] + [(t2, c2, other)]})
+    grammar = cc.model_grammar(g.model, task)
+    model_table = [(names[t], names[c], names[int(grammar[i, j])]) for i, c in enumerate(task.cues)
+                   for j, t in enumerate(task.triggers)]
+    hyp("the model's grammar as every head's", {k: model_table for k in lists})
+    table = task.table()
+    task_table = [(names[t], names[c], names[int(table[i, j])]) for i, c in enumerate(task.cues)
+                  for j, t in enumerate(task.triggers)]
+    hyp("the task's table split between the heads", {first: task_table[:6], second: task_table[6:]})
+    ov_only = {k: [(t_, names[c_], a_) for t_, _, a_ in {(x[0], None, x[2]) for x in v} for c_ in task.cues]
+               for k, v in lists.items()}
+    hyp("each listed trigger with every cue (the QK circuit not read)", ov_only)
+    hyp("the cue first", {k: [(c_, t_, a_) for t_, c_, a_ in v] for k, v in lists.items()})
+    hyp("an empty list for each head", {k: [] for k in lists})
+    return out
+
+
+def test_the_skip_trigram_rule_fails_each_kind_of_wrong_list_saying_which_measurement():
+    """Mystery 2 needs each head's skip-trigrams (read from its QK and OV circuits): the role alone,
+    the task's name, fails; each wrong list fails saying the attention or the OV rank measured, or
+    how many are missing, never which; the cue put first is refused in one line naming the form."""
+    true = _truth("mystery-2")
+    assert grader.grade(true, show=False).passed
+    said = {label: grader.grade(h, show=False).failures for label, h in _wrong_skip_trigrams("mystery-2", true)}
+    assert all(said.values()), [k for k, v in said.items() if not v]
+    alone = said["the role alone"]
+    assert len(alone) == 2 and all("is named skip-trigram with no list of what it implements" in f for f in alone)
+    assert any("needs first" in f for f in said["one skip-trigram with another answer"])
+    assert any("needs over 0.50 (its QK circuit)" in f for f in said["a trigger its cue does not attend to"])
+    left = said["one skip-trigram left out"]
+    assert len(left) == 1 and "implements 1 skip-trigram your list leaves out" in left[0], left
+    assert "is no trigger" in said["the cue first"][0] and len(said["the cue first"]) == 1
+    assert all(f.startswith("skip-trigrams: ") for label, fails in said.items() if label != "the cue first"
+               for f in fails), said
+    for label, fails in said.items():  # what was measured, never the answer: a count, no token named
+        assert not any("leaves out" in f and "->" in f for f in fails), (label, fails)
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"skip_trigrams": {"0.0": [("T0", "cue0")]}}, "is not a skip-trigram: a skip-trigram is (trigger, cue, answer)"),
+    ({"skip_trigrams": {"0.0": [("T9", "cue0", "A0")]}}, "'T9' in ('T9', 'cue0', 'A0') (head 0.0) is no token"),
+    ({"skip_trigrams": {"0.0": [("A0", "cue0", "A0")]}}, "'A0' in ('A0', 'cue0', 'A0') (head 0.0) is no trigger"),
+    ({"skip_trigrams": {"0.0": [("T0", "T1", "A0")]}}, "is no cue"),
+    ({"skip_trigrams": {"0.0": [(1, 3, 9)]}}, "1 (int) in (1, 3, 9) (head 0.0) (cue0) is no trigger"),
+    ({"skip_trigrams": {"0.0": [("T0", "cue0", "cue1")]}}, "is no answer"),
+    ({"skip_trigrams": {"0.0": [(3.0, "cue0", "A0")]}}, "is no token of the task"),
+    ({"skip_trigrams": {"0.0": [(True, "cue0", "A0")]}}, "is no token of the task"),
+    ({"skip_trigrams": {"0.0": [(["T0"], "cue0", "A0")]}}, "is no token of the task"),
+    ({"skip_trigrams": {"0.0": [("T0", "cue0", "A0"), ["T0", "cue0", "A0"]]}}, "is listed twice"),
+    ({"skip_trigrams": {"0.0": "T0 cue0 A0"}}, "are a list of (trigger, cue, answer)"),
+    ({"skip_trigrams": {"0.0": 3}}, "are a list of (trigger, cue, answer)"),
+    ({"skip_trigrams": [("T0", "cue0", "A0")]}, "'skip_trigrams' is a dict"),
+    ({"skip_trigrams": {"1.0": []}}, "has no head 1.0"),
+    ({"skip_trigrams": {"0.2": []}}, "has no head 0.2"),
+    ({"skip_trigrams": {(0.0, 0): []}}, "is not a head"),
+    ({"heads": {"0.0": "skip-trigram", "0.1": "copying"}, "skip_trigrams": {"0.1": []}},
+     "which is named copying in 'heads'"),
+    ({"heads": {"0.0": "skip-trigram"}, "skip_trigrams": {"0.1": []}}, "which has no role in 'heads'"),
+])
+def test_bad_skip_trigrams_are_refused_in_one_line_naming_the_form(bad, says):
+    h = {"model": "mystery-2", "heads": {"0.0": "skip-trigram", "0.1": "skip-trigram"}, **bad}
+    result = grader.grade(h, show=False)
+    assert not result.passed and len(result.failures) == 1 and says in result.failures[0], result.failures
+
+
+def test_no_json_like_value_in_the_skip_trigrams_raises_a_traceback():
+    import numpy as np
+    values = [None, True, 0, 3, -1, 1.5, float("nan"), "", "T0", "cue0", "A0", "x", [], ["T0"], [3, 1, 9], {},
+              {"a": 1}, np.int64(3), np.float32(3.0), 10**30, ("T0", "cue0", "A0")]
+    g = grader.grader_for("mystery-2")
+    heads = {"0.0": "skip-trigram", "0.1": "skip-trigram"}
+    seen = 0
+    for v in values:
+        for trigrams in (v, {"0.0": v}, {"0.0": [v]}, {"0.0": [(v, "cue0", "A0")]}, {"0.0": [("T0", v, "A0")]},
+                         {"0.0": [("T0", "cue0", v)]}, {v: []} if isinstance(v, (str, int, float, tuple)) else {}):
+            result = g.grade({"model": "mystery-2", "heads": heads, "skip_trigrams": trigrams}, show=False)
+            assert not result.passed and result.failures and all("\n" not in f for f in result.failures)
+            seen += 1
+    assert seen > 100
+
+
+def test_skip_trigrams_by_token_id_are_the_same_claim_and_other_models_refuse_the_key():
+    true = _truth("mystery-2")
+    names = grader.grader_for("mystery-2").task.token_names()
+    by_id = {k: [tuple(names.index(x) for x in t) for t in v] for k, v in true["skip_trigrams"].items()}
+    assert grader.grade(dict(true, skip_trigrams=by_id), show=False).passed
+    result = grader.grade(dict(_truth("mystery-3"), skip_trigrams={}), show=False)
+    says = "'skip_trigrams' describes the skip-trigram heads of a one-layer grammar model"
+    assert not result.passed and says in result.failures[0], result.failures
+
+
+def test_the_skip_trigram_lists_have_no_knife_edge_on_the_shipped_mystery():
+    """The module's claim: the cue's attention on a trigger is far from 0.5 and no two answers tie
+    for first in a trigger's OV row, so a learner measuring the same way gets the same list."""
+    from attncircuits.analysis.grammar_heads import SkipTrigrams
+    g = grader.grader_for("mystery-2")
+    st = SkipTrigrams(g.model, g.task)
+    assert ((st.attention < 0.15) | (st.attention > 0.75)).all(), st.attention
+    top = st.ov.topk(2, -1).values
+    assert (top[..., 0] - top[..., 1]).min() > 0.1, top
 
 
 @pytest.mark.parametrize("name", MYSTERIES)

@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attncircuits.analysis import definitions as D
+from attncircuits.analysis import grammar_heads as GH
 from attncircuits.analysis import scores as S
 from attncircuits.analysis.circuits.composition import composition_scores
 from attncircuits.analysis.circuits.factored import mean_attention_by_offset
@@ -319,13 +320,12 @@ def derive_circuit(model, task) -> dict:
             heads = {h: r for h, r in heads.items() if h != unlinked}
         else:
             break
-    comps = []
-    if model.cfg.n_layers > 1 and heads:
-        comps = [[head_name(*w), head_name(*r), k] for (w, r, k), v in z.items()
-                 if w in heads and r in heads and v >= COMPOSES]
+    comps = [[head_name(*w), head_name(*r), k] for (w, r, k), v in z.items()  # z: {} on one layer
+             if w in heads and r in heads and v >= COMPOSES]
     return {
         "heads": {head_name(*h): r for h, r in sorted(heads.items())},
         "compositions": comps,
+        **GH.truth_entry(model, task, heads),  # a grammar model's: each head's skip-trigrams
         "faithfulness": round(ab.faithfulness(heads), 4),
         "completeness": round(ab.completeness(heads), 4),
         "clean_loss": round(ab.clean, 4),

@@ -35,6 +35,15 @@ al. 2023, ACDC). Each rule, and why:
    head that does a named one's work fails it, though the named heads alone may recover the task.
    It is said only of a faithful circuit: of one that is not, rule 4 already says heads are
    missing, and "a head you did not name does X's work" would point at the wrong one.
+6. **skip-trigrams** (on a one-layer grammar model, mystery 2): each head named
+   ``skip-trigram`` comes with the list of the skip-trigrams it implements, ``(trigger, cue,
+   answer)``, and the list is exactly the head's, read from its QK and OV circuits as
+   :mod:`.grammar_heads` defines it (chapter 4's reading of a head). The role alone is the task's
+   own name, so naming both heads of a two-head model "skip-trigram" would claim nothing the
+   learner measured; a node's claim on such a model is what it computes, as the IOI circuit's is
+   (Wang et al. 2023 name each head class by the tokens it attends to and what it writes). A
+   wrong skip-trigram is told which measurement fails (the attention, or the answer's rank in
+   the OV row), one left out only how many are missing.
 
 :meth:`Grader.grade` prints the numbers and one line for each part that fails, saying what was
 measured, never what the answer is. These rules cannot together refuse every hypothesis about a
@@ -50,6 +59,7 @@ from dataclasses import dataclass, field
 
 from attncircuits.analysis import circuit_check as cc
 from attncircuits.analysis import definitions as D
+from attncircuits.analysis.grammar_heads import SkipTrigrams, grammar_model
 from attncircuits.analysis.hypothesis import Hypothesis, HypothesisError, parse
 from attncircuits.core.heads import head_name
 
@@ -114,8 +124,13 @@ class Grader:
                 lines.append(f"{head_name(layer, h):>4} " + " ".join(cells))
         return "\n".join(lines)
 
+    @functools.cached_property
+    def skip_trigrams(self) -> SkipTrigrams | None:
+        """What each head of a one-layer grammar model implements (rule 6); None on other models."""
+        return SkipTrigrams(self.model, self.task) if grammar_model(self.model, self.task) else None
+
     def parse(self, hypothesis) -> Hypothesis:
-        return parse(hypothesis, self.name, self.model.cfg.n_layers, self.model.cfg.n_heads)
+        return parse(hypothesis, self.name, self.model.cfg.n_layers, self.model.cfg.n_heads, self.model, self.task)
 
     def grade(self, hypothesis, show: bool = True) -> Grade:
         """Grade ``hypothesis``; print the report when ``show``. Bad input prints its one line."""
@@ -160,6 +175,7 @@ class Grader:
                 fails.append(f"composition: {head_name(*h)} feeds no named head (no composition out of it is "
                              "named: a head of an earlier layer is in the circuit through a later named head "
                              "that reads it; chapter 5)")
+        fails += self._skip_trigram_failures(hyp)
         ab = self.ablator
         faith, comp = ab.faithfulness(hyp.heads), ab.completeness(hyp.heads)
         shares = cc.group_shares(ab, hyp.heads)
@@ -205,6 +221,30 @@ class Grader:
         else:
             lines.append("✓ passes: every role, composition and ablation checks out")
         return Grade(not fails, faith, comp, fails, lines)
+
+
+    def _skip_trigram_failures(self, hyp: Hypothesis) -> list[str]:
+        """Rule 6: each skip-trigram head's list is exactly its skip-trigrams (a grammar model)."""
+        st = self.skip_trigrams
+        if st is None:
+            return []
+        names, fails = self.task.token_names(), []
+        for h in sorted(h for h, role in hyp.heads.items() if role == "skip-trigram"):
+            if h not in hyp.skip_trigrams:
+                fails.append(f"skip-trigrams: {head_name(*h)} is named skip-trigram with no list of what it implements: "
+                             f"give 'skip_trigrams': {{'{head_name(*h)}': [(trigger, cue, answer), ...]}}, read from its "
+                             "QK and OV circuits (chapter 4)")
+                continue
+            listed, true = hyp.skip_trigrams[h], st.of(h[1])
+            for triple in sorted(listed - true, key=lambda x: (x[1], x[0])):
+                fails.append(f"skip-trigrams: {head_name(*h)} does not implement "
+                             f"{names[triple[0]]} ... {names[triple[1]]} -> {names[triple[2]]}: "
+                             f"{st.why_not(h[1], triple)}")
+            if missing := len(true - listed):
+                fails.append(f"skip-trigrams: {head_name(*h)} implements {missing} skip-trigram{'s' * (missing != 1)} "
+                             "your list leaves out (a trigger it attends to from a cue, over half its attention, "
+                             "with the answer its OV circuit ranks first for it)")
+        return fails
 
 
 def _mark(score: float, level: float) -> str:

@@ -6,27 +6,34 @@ A hypothesis is a small dict::
      "heads": {"0.1": "two-back", "1.0": "skip-induction"},     # head -> a role of ROLES
      "compositions": [("0.1", "1.0", "K")]}                      # writer, reader, Q/K/V
 
+On a one-layer grammar model (mystery 2) a skip-trigram head's role is what the head does, and a
+hypothesis says it: ``"skip_trigrams": {"0.0": [("T3", "cue1", "A2"), ...]}``, each head's
+skip-trigrams as (source, destination, output) = (trigger, cue, answer), by the task's token names
+or ids (:mod:`.grammar_heads`).
+
 A head is ``"L.H"`` (digits) or a pair of ints, a role one string of
 :data:`~attncircuits.analysis.circuit_check.ROLES`, the compositions a list of (writer, reader,
 kind) with kind one of ``'Q'``, ``'K'``, ``'V'``. Anything else (a float or a bool for a head, a
 nested list, a role given as a list, compositions given as an int) is refused in one line naming
-the form (:class:`HypothesisError`); nothing is rounded, truncated or coerced into a head.
+the form (:class:`HypothesisError`); nothing is rounded, truncated or coerced into a head or a
+token.
 """
 
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from attncircuits.analysis import circuit_check as cc
+from attncircuits.analysis.grammar_heads import grammar_model
 from attncircuits.checkpoints.mysteries import mystery_names
 from attncircuits.core.heads import Head, head_name
 
-__all__ = ["Hypothesis", "HypothesisError", "KEYS", "parse", "shown"]
+__all__ = ["Hypothesis", "HypothesisError", "KEYS", "from_truth", "parse", "shown"]
 
-KEYS = ("model", "heads", "compositions")
+KEYS = ("model", "heads", "compositions", "skip_trigrams")
 
 
 class HypothesisError(ValueError):
@@ -38,6 +45,8 @@ class Hypothesis:
     model: str
     heads: dict[Head, str]
     compositions: tuple[tuple[Head, Head, str], ...]
+    #: a grammar model's skip-trigram heads: each one's (trigger, cue, answer) token ids
+    skip_trigrams: dict[Head, frozenset[tuple[int, int, int]]] = field(default_factory=dict)
 
 
 def _heads_allowed(n_layers: int, n_heads: int) -> str:
@@ -46,6 +55,7 @@ def _heads_allowed(n_layers: int, n_heads: int) -> str:
 
 HEAD_FORM = "a head is 'L.H' (layer.head, e.g. '0.1') or a pair of ints (0, 1)"
 COMP_FORM = "a composition is (writer, reader, kind), e.g. ('0.1', '1.0', 'K')"
+TRIGRAM_FORM = "a skip-trigram is (trigger, cue, answer) by token name or id, e.g. ('T3', 'cue1', 'A2')"
 FORM = "{'model': ..., 'heads': {'L.H': role}, 'compositions': [(writer, reader, 'Q'|'K'|'V')]}"
 
 
@@ -81,9 +91,10 @@ def shown(value, limit: int = 40) -> str:
     return text if isinstance(value, (str, tuple, list, dict)) else f"{text} ({type(value).__name__})"
 
 
-def parse(hypothesis, model_name: str, n_layers: int, n_heads: int) -> Hypothesis:
+def parse(hypothesis, model_name: str, n_layers: int, n_heads: int, model=None, task=None) -> Hypothesis:
     """The hypothesis as a :class:`Hypothesis`, or a :class:`HypothesisError` in one line: any
-    value JSON or Python can hold is either a hypothesis or refused naming the form it breaks."""
+    value JSON or Python can hold is either a hypothesis or refused naming the form it breaks.
+    ``model`` and ``task`` (the grader's) say whether ``'skip_trigrams'`` is asked, and its tokens."""
     if not isinstance(hypothesis, dict):
         raise HypothesisError(f"a hypothesis is a dict {FORM}, got {type(hypothesis).__name__}")
     unknown = sorted(set(map(str, hypothesis)) - set(KEYS))
@@ -136,4 +147,65 @@ def parse(hypothesis, model_name: str, n_layers: int, n_heads: int) -> Hypothesi
             raise HypothesisError(f"composition {head_name(*w)}->{head_name(*r)} {kind} is named twice; "
                                   "name each (writer, reader, kind) once")
         comps.append((w, r, kind))
-    return Hypothesis(model_name, heads, tuple(comps))
+    trigrams = _skip_trigrams(hypothesis.get("skip_trigrams"), heads, n_layers, n_heads, model_name, model, task)
+    return Hypothesis(model_name, heads, tuple(comps), trigrams)
+
+
+def from_truth(name: str, truth: dict) -> dict:
+    """The hypothesis a mystery's ground truth (``ground_truth.json``, or
+    :func:`~attncircuits.analysis.circuit_check.derive_circuit`'s dict) states about model ``name``."""
+    hyp = {"model": name, "heads": dict(truth["heads"]), "compositions": [tuple(c) for c in truth["compositions"]]}
+    if "skip_trigrams" in truth:
+        hyp["skip_trigrams"] = {h: [tuple(x) for x in v] for h, v in truth["skip_trigrams"].items()}
+    return hyp
+
+
+def _token(value, task, names: list[str]) -> int | None:
+    """``value`` as a token id of ``task``: one of its token names or an int id; else None."""
+    if isinstance(value, str):
+        return names.index(value.strip()) if value.strip() in names else None
+    return int(value) if _is_int(value) and 0 <= value < len(names) else None
+
+
+def _skip_trigrams(given, heads: dict, n_layers: int, n_heads: int, model_name: str, model, task) -> dict:
+    """``'skip_trigrams'`` parsed: each named skip-trigram head's set of (trigger, cue, answer)."""
+    if given is None:
+        return {}
+    if model is None or not grammar_model(model, task):
+        raise HypothesisError(f"'skip_trigrams' describes the skip-trigram heads of a one-layer grammar model "
+                              f"(mystery-2); {model_name} is none: drop the key")
+    if not isinstance(given, dict):
+        raise HypothesisError(f"'skip_trigrams' is a dict {{'L.H': [(trigger, cue, answer), ...]}}, got "
+                              f"{type(given).__name__}; {TRIGRAM_FORM}")
+    names = task.token_names()
+    kinds = (("trigger", task.triggers), ("cue", task.cues), ("answer", task.answer_tokens))
+    out = {}
+    for key, triples in given.items():
+        h = _head(key, n_layers, n_heads, model_name)
+        if heads.get(h) != "skip-trigram":
+            has = "has no role in 'heads'" if h not in heads else f"is named {heads[h]} in 'heads'"
+            raise HypothesisError(f"'skip_trigrams' lists head {head_name(*h)}, which {has}; list the "
+                                  "skip-trigrams of the heads named skip-trigram")
+        if h in out:
+            raise HypothesisError(f"head {head_name(*h)} is listed twice in 'skip_trigrams'")
+        if not isinstance(triples, (list, tuple, set, frozenset)):
+            raise HypothesisError(f"head {head_name(*h)}'s skip-trigrams are a list of (trigger, cue, answer), "
+                                  f"got {shown(triples)}; {TRIGRAM_FORM}")
+        seen = set()
+        for item in triples:
+            if not (isinstance(item, (tuple, list)) and len(item) == 3):
+                raise HypothesisError(f"{shown(item)} (head {head_name(*h)}) is not a skip-trigram: {TRIGRAM_FORM}")
+            ids = tuple(_token(x, task, names) for x in item)
+            for x, tok, (kind, allowed) in zip(item, ids, kinds):
+                if tok not in allowed:
+                    what = ("is no token of the task" if tok is None else
+                            f"is no {kind}" if isinstance(x, str) else f"({names[tok]}) is no {kind}")
+                    listed = ", ".join(names[a] for a in allowed)
+                    raise HypothesisError(f"{shown(x)} in {shown(item)} (head {head_name(*h)}) {what}: "
+                                          f"{TRIGRAM_FORM}; the {kind}s are {listed}")
+            if ids in seen:
+                raise HypothesisError(f"skip-trigram {' '.join(names[x] for x in ids)} of head {head_name(*h)} "
+                                      "is listed twice")
+            seen.add(ids)
+        out[h] = frozenset(seen)
+    return out

@@ -16,6 +16,7 @@ from attncircuits.analysis import circuit_check as cc
 from attncircuits.analysis.circuits import full_ov_circuit
 from attncircuits.core.heads import head_name
 from attncircuits.analysis import grading as G
+from attncircuits.analysis.hypothesis import from_truth
 
 
 def _circuit(truth: dict, role: str, layer: int) -> list[tuple[int, int]]:
@@ -106,8 +107,7 @@ def accept_problem(name: str, model, task, truth: dict) -> str | None:
     if truth.get("accuracy", 1.0) <= 0.99:
         return f"accuracy {truth['accuracy']:.3f} on the task (the chapter: above 0.99)"
     g = G.Grader(name, model, task)
-    hyp = {"model": name, "heads": dict(truth["heads"]), "compositions": [tuple(c) for c in truth["compositions"]]}
-    result = g.grade(hyp, show=False) if truth["heads"] else None
+    result = g.grade(from_truth(name, truth), show=False) if truth["heads"] else None
     if result is None or not result.passed:
         return f"the derived circuit fails the grader ({result.first_failure if result else 'no head has a role'})"
     problems = CLAIMS[name](g, truth) if name in CLAIMS else []

@@ -54,14 +54,33 @@ def resolve_partial(name: str, root: Path | None = None) -> str | None:
     return resolve_checkpoint_partial(root / name, needs=(TRUTH,))
 
 
+def read_ground_truth(folder: Path) -> dict:
+    """The ground truth of the mystery in ``folder``: what was measured after training. Read anew
+    at each use, so that an exercise can withhold it while a learner's function runs (chapter 12's
+    hypotheses are graded against the model, never against this answer)."""
+    return json.loads(_truth_path(folder).read_text())
+
+
+def _truth_path(folder: Path) -> Path:
+    path = Path(folder) / TRUTH
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; retrain with `{TRAIN_COMMAND} {Path(folder).name}`")
+    return path
+
+
 @dataclass
 class Mystery:
-    """A loaded mystery: its name, model, tokenizer, task and measured ground truth."""
+    """A loaded mystery: its name, model, tokenizer, task and (:attr:`ground_truth`) measured
+    ground truth."""
 
     name: str
     checkpoint: Checkpoint
     task: object
-    ground_truth: dict
+    folder: Path
+
+    @property
+    def ground_truth(self) -> dict:
+        return read_ground_truth(self.folder)
 
     @property
     def model(self):
@@ -89,7 +108,5 @@ def load_mystery(name: str, root: Path | None = None) -> Mystery:
         raise KeyError(f"unknown mystery {name!r}; the mysteries are {', '.join(names) or 'none (train them with `' + TRAIN_COMMAND + '`)'}")
     directory = (Path(root) if root is not None else MYSTERY_DIR) / name
     ck = load_checkpoint(directory)
-    truth_path = directory / "ground_truth.json"
-    if not truth_path.is_file():
-        raise FileNotFoundError(f"{truth_path} is missing; retrain with `{TRAIN_COMMAND} {name}`")
-    return Mystery(name, ck, task_from_dict(ck.config["task"]), json.loads(truth_path.read_text()))
+    _truth_path(directory)  # missing: said now, not at first use
+    return Mystery(name, ck, task_from_dict(ck.config["task"]), directory)

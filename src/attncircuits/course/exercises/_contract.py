@@ -126,12 +126,19 @@ def _kind(x) -> str:
 
 
 def wrong_type(got, returns) -> str | None:
-    """The message when ``got`` is not of the type the exercise asks (``float`` or ``int``), else
-    None. A float is a Python or numpy float; an int a Python or numpy integer, never a bool. The
+    """The message when ``got`` is not of the type the exercise asks (``float``, ``int``, ``str``,
+    or a ``tuple`` or ``list`` given as the other), else None. A float is a Python or numpy float;
+    an int a Python or numpy integer, never a bool. The
     message says what ``got`` is before any fix (a complex number, a tensor of 16 numbers): a fix
     that cannot work on it (``float()`` of a complex tensor) is never suggested."""
     if returns is None:
         return None
+    if returns in (tuple, list) and isinstance(got, (tuple, list)) and not isinstance(got, returns):
+        fix = ("`return a, b` makes one; a list never equals a tuple: [1, 2] == (1, 2) is False" if returns is tuple
+               else "`list(...)` turns it into one")
+        return f"returns {_kind(got)}; the exercise asks for a {returns.__name__} ({fix})"
+    if returns is str and not isinstance(got, str):
+        return f"returns {_kind(got)}; the exercise asks for a str, one of the words its text lists"
     is_bool = isinstance(got, (bool, np.bool_))
     if returns is float:
         ok = isinstance(got, (float, np.floating)) and not is_bool

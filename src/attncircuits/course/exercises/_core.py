@@ -35,8 +35,11 @@ book's column) and returns True or False. It never raises for anything the learn
 - wrong type, wrong shape (expected vs got, with "transposed" or "a missing batch axis" where
   that explains it), NaN/inf where the answer is finite, wrong device, wrong dtype;
 - a value mismatch: all zeros first; then the named diagnoses whose wrong answer matches the
-  learner's output on this case, the first that also matches on every other case (the learner's
-  function runs on all of them) giving the message; then, computed from the reference in
+  learner's output on this case and also on every other case (the learner's function runs on
+  all of them) giving the message: a mistake's recomputed answer only when no other mistake's
+  with another message fits too (two mistakes that give the same output on every case are not
+  told apart by naming either: the message then says what was measured), else the first
+  property of the output that fits (``applies``); then, computed from the reference in
   :mod:`._compare`, another head's answer (``Case.others``), the wrong sign, a transpose or two
   swapped axes, a shift by one along an axis, a factor that is an axis length, ln 2, 100 or a
   square root; then "right on the shipped model but wrong on the random one" when the learner
@@ -218,7 +221,8 @@ def run_check(
 
     When a case is wrong the learner's function still runs on the other cases, and a named
     diagnosis is given only when it fits every case it applies to (so that a mistake two wrong
-    methods share on one input is told apart on another). See the module docstring for the rest.
+    methods share on one input is told apart on another) and no other diagnosis does. See the
+    module docstring for the rest.
     """
     name = name or getattr(fn, "__name__", "your function")
     caller = sys._getframe(1)  # the chapter's check, whose cases CASES_RUN keeps
@@ -326,10 +330,13 @@ def _judge_all(fn, name, key, cases, reference, diagnoses, s, generate, n_genera
         if failed is None:
             return report(name, True, _success(passed))
         case, problem, candidates, expected = failed
-        for diagnosis in candidates:
-            if all(_fits(diagnosis, c, e, g, s["canonical"], s["atol"], s["rtol"]) for c, e, g in seen if c is not case):
-                problem = diagnosis.message
-                break
+        fitting = [d for d in candidates
+                   if all(_fits(d, c, e, g, s["canonical"], s["atol"], s["rtol"]) for c, e, g in seen if c is not case)]
+        computed = {d.message for d in fitting if d.applies is None}  # the answer of one mistake, recomputed
+        if len(computed) == 1:  # a mistake's answer only where the cases tell it from the other mistakes'
+            problem = computed.pop()
+        elif not computed and fitting:  # a property of the output (every row sums to 1 over the queries)
+            problem = fitting[0].message
         if callable(problem):
             problem = problem()
         if s["axes"] and isinstance(expected, torch.Tensor) and expected.ndim == len(s["axes"]):

@@ -36,7 +36,7 @@ def _set(owner, attr: str, value) -> None:
 @contextlib.contextmanager
 def withhold(answers, fn: Callable):
     """While the learner's function runs, each of ``answers`` (the package's functions that answer
-    the exercise, or ``(class, method name)`` pairs) raises :class:`Withheld` wherever a learner
+    the exercise, or ``(class, method or property name)`` pairs) raises :class:`Withheld` wherever a learner
     reaches it: as an attribute of any of the package's modules, a name in the learner's own
     globals (``from ... import it``), or the class's method."""
     own = inspect.unwrap(fn)
@@ -58,8 +58,8 @@ def withhold(answers, fn: Callable):
         def blocked(*args, _label=label, **kwargs):
             raise Withheld(_label)
 
-        for owner, attr, value in places:
-            _set(owner, attr, blocked)
+        for owner, attr, value in places:  # a property (``mystery.ground_truth``) raises when read
+            _set(owner, attr, property(blocked) if isinstance(value, property) else blocked)
             swaps.append((owner, attr, value))
     try:
         yield

@@ -195,6 +195,7 @@ def check_random_composition_scores(fn) -> bool:
     for c in cases:  # the reference with many samples, so its mean and spread are a fixed target
         c.expected = baseline.target(c.args[0], c.args[1])
     baseline.SEEDED.clear()
+    baseline.DRAWN.clear()
     return run_check(baseline.called_twice(fn), cases, lambda d_model, d_head, n, seed=0: baseline.target(d_model, d_head),
                      compare=baseline.compare_baseline, name="random_composition_scores",
                      withheld=[random_composition_scores, random_composition_baseline],

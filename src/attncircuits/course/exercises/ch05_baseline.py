@@ -1,9 +1,12 @@
 """Exercise 5.3's check, the random baseline: the learner's scores are random, so they are read by
 their mean and spread against many samples of the reference's distribution, beside those of the
-usual wrong draws, and each case is called twice to see that the seed reproduces them."""
+usual wrong draws, and each case is called twice to see that the seed reproduces them. One matrix
+as writer and reader gives the reference's very distribution: that mistake is told by the number
+of Gaussian numbers the function draws."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -72,19 +75,64 @@ def agree(mean, std, ref: Tensor, n: int) -> bool:
 
 
 SEEDED: dict[tuple, list[Tensor]] = {}  # (d_model, d_head, n, seed) -> the learner's scores, per call
+DRAWN: dict[tuple, int] = {}  # (d_model, d_head, n, seed) -> Gaussian numbers torch drew in the first call
+
+#: torch's Gaussian draws, counted while the learner's function runs
+_GAUSSIAN = ((torch, "randn"), (torch, "randn_like"), (torch, "normal"), (torch.Tensor, "normal_"))
+
+
+@contextlib.contextmanager
+def _counting_draws():
+    """How many Gaussian numbers torch draws inside the block (``count[0]``): one matrix used as
+    writer and reader gives the very same distribution of scores as two (their mean and spread
+    agree to 1% for d_model 2-64), so only the number of draws tells that mistake."""
+    count, saved = [0], [(owner, name, getattr(owner, name)) for owner, name in _GAUSSIAN]
+
+    def counted(original):
+        @functools.wraps(original)
+        def draw(*args, **kwargs):
+            out = original(*args, **kwargs)
+            count[0] += out.numel() if isinstance(out, Tensor) else 0
+            return out
+        return draw
+
+    for owner, name, original in saved:
+        setattr(owner, name, counted(original))
+    try:
+        yield count
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
 
 
 def called_twice(fn):
     """The learner's function, called twice on every case: a seed is there to reproduce the
-    samples, so both calls must agree; each call's scores are kept for :func:`compare_baseline`."""
+    samples, so both calls must agree; each call's scores are kept for :func:`compare_baseline`,
+    and the number of Gaussian numbers the first call drew from torch."""
 
     @functools.wraps(fn)
     def twice(d_model, d_head, n_samples, *seed):
-        runs = [fn(d_model, d_head, n_samples, *seed) for _ in range(2)]
-        SEEDED[(d_model, d_head, n_samples, *(seed or (0,)))] = runs
+        key = (d_model, d_head, n_samples, *(seed or (0,)))
+        with _counting_draws() as count:
+            runs = [fn(d_model, d_head, n_samples, *seed)]
+        DRAWN[key] = count[0]
+        runs.append(fn(d_model, d_head, n_samples, *seed))
+        SEEDED[key] = runs
         return runs[0]
 
     return twice
+
+
+def one_matrix(case) -> str | None:
+    """The message when the learner's function drew from torch exactly half the Gaussian numbers
+    that ``n`` pairs of two rank-``d_head`` matrices need (one matrix as writer and reader), else
+    None (a function drawing elsewhere, with numpy, is not counted: None)."""
+    d_model, d_head, n = case.args[:3]
+    drawn, need = DRAWN.get((*case.args[:3], *(case.args[3:] or (0,)))), 4 * n * d_model * d_head
+    if drawn != need // 2:
+        return None
+    return (f"your function drew {drawn:,} Gaussian numbers for {n:,} samples, half of the {need:,} that two "
+            f"matrices of two factors each need: {MISTAKES['same']}")
 
 
 def seed_problem(got: Tensor, case) -> str | None:
@@ -116,7 +164,7 @@ def compare_baseline(got, expected, case) -> str | None:
     if std < 1e-6:
         return "all your samples have the same score: draw new random matrices for every sample"
     if agree(mean, std, expected.double(), n):
-        return seed_problem(got, case)
+        return one_matrix(case) or seed_problem(got, case)
     for how, message in MISTAKES.items():  # said only when the scores look like that mistake's
         if agree(mean, std, variant_scores(d_model, d_head, N_TARGET, how), n):
             return message

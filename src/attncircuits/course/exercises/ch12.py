@@ -13,7 +13,8 @@ which returns a hypothesis dict, and grade it with :mod:`attncircuits.course.gra
 shipped mystery: there is no answer to compare with, only the model's measurements, and a wrong
 hypothesis gets the grader's first failing part (what was measured, not what the answer is).
 While the learner's function runs, the references (and, for a hypothesis, the package's own
-``derive_circuit`` and ``measure_ground_truth``) are withheld: the package's own answers.
+``derive_circuit``, ``measure_ground_truth`` and skip-trigram lists, and the ground truth shipped
+beside each mystery) are withheld: the package's own answers.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from attncircuits.analysis.circuit_check import (
     model_grammar,
 )
 from attncircuits.analysis.circuits import full_ov_circuit
+from attncircuits.analysis.grammar_heads import SkipTrigrams, head_skip_trigrams
+from attncircuits.checkpoints.mysteries import Mystery, read_ground_truth
 from attncircuits.course import grader
 from attncircuits.course.exercises import _draws
 from attncircuits.course.exercises._core import Case, Diagnosis, Draw, Identity, guarded, run_check
@@ -153,7 +156,10 @@ def _graded(name: str):
     return [Case(name, (), expected=True)], compare
 
 
-_CIRCUIT_FINDERS = [derive_circuit, measure_ground_truth]  # the package's own circuit of a mystery, found
+#: the package's own circuit of a mystery: found (derived, measured, each head's skip-trigrams) or
+#: read (the ground truth stored beside the model, through ``Mystery.ground_truth`` or the store)
+_CIRCUIT_FINDERS = [derive_circuit, measure_ground_truth, head_skip_trigrams, (SkipTrigrams, "of"),
+                    (Mystery, "ground_truth"), read_ground_truth]
 
 
 @guarded
