@@ -123,11 +123,13 @@ screenshots: venv
 # Every stage runs even when an earlier one failed; the last line names each failed stage and the
 # exit status is non-zero if any failed, and the line below it gives each stage's time (the set-up:
 # creating or checking .venv). A new stage is one more `stage NAME command...; \` line.
-# The tests and the notebooks run on every core (pytest-xdist, TEST_WORKERS=n sets how many; 1 runs
-# them in one process, in order): the notebooks are handed out a file at a time, so a notebook's
-# cells run in order in one kernel, and each test module's tests run in one worker (its module-scoped
-# fixtures are built once). One torch thread per worker and per kernel (OMP_NUM_THREADS), so workers
-# do not fight over the cores.
+# The tests and the notebooks run in one pytest session on every core (pytest-xdist, TEST_WORKERS=n
+# sets how many; 1 runs them in one process, in order): files are handed out one at a time, so a
+# notebook's cells run in order in one kernel and each test module's tests run in one worker (its
+# module-scoped fixtures are built once). The notebooks come first and the many short test modules
+# after them, so no worker waits idle at the end of one stage for the other's last long file, and
+# each worker collects once. One torch thread per worker and per kernel (OMP_NUM_THREADS), so
+# workers do not fight over the cores.
 # nbval collects notebooks/ recursively: the learner's notebooks/exercises/ run too (stubs: "not attempted yet").
 # The tests are about the shipped models, whatever set ATTNCIRCUITS_MODELS names in the shell (empty = unset).
 MAKE_START := $(shell date +%s)
@@ -140,8 +142,8 @@ test: venv
 	stage() { name=$$1; shift; echo "==> make test: $$name"; t=$$(date +%s); \
 	  "$$@" || failed="$$failed $$name"; times="$$times, $$name $$(( $$(date +%s) - t )) s"; }; \
 	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \
-	stage pytest $(PY) -m pytest $(XDIST) tests; \
-	stage nbval $(PY) -m pytest $(XDIST) -p tests.notebook_pages --nbval-lax notebooks book/reproduces.ipynb; \
+	stage "pytest (tests and nbval)" $(PY) -m pytest $(XDIST) -p tests.notebook_pages --nbval-lax \
+	  notebooks book/reproduces.ipynb tests; \
 	times="$$times; $$(( $$(date +%s) - $(MAKE_START) )) s in all"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; echo "make test: $$times" >&2; exit 1; fi; \
 	echo "make test: every stage passed"; echo "make test: $$times"
