@@ -61,7 +61,8 @@ _CSS = """
 .attncircuits-attention button[aria-pressed=true]{border-color:currentColor;font-weight:bold}
 .attncircuits-attention .ac-hint,.attncircuits-attention .ac-legend{font-size:12px;opacity:.8}
 .attncircuits-attention .ac-text{position:relative;font-family:monospace;font-size:13px;line-height:1.9;
- max-height:22em;overflow-y:auto;overflow-wrap:anywhere;padding:2px 0;outline-offset:2px}
+ max-height:22em;overflow-y:auto;overflow-wrap:anywhere;padding:2px 0;outline-offset:2px;
+ border-top:1px solid var(--ac-line);border-bottom:1px solid var(--ac-line)}
 .attncircuits-attention .ac-tok{border:1px solid var(--ac-line);border-radius:3px;padding:0 2px;
  margin:0 1px;white-space:pre;cursor:pointer}
 .attncircuits-attention .ac-tok.ac-sel{outline:2px solid #ff7f0e;outline-offset:0}
