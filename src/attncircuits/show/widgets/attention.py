@@ -74,7 +74,7 @@ _CSS = """
 .attncircuits-attention .ac-name{font-weight:bold;font-size:13px}
 .attncircuits-attention .ac-strip{display:flex;height:12px;border:1px solid var(--ac-line);margin:2px 0}
 .attncircuits-attention .ac-strip>i{flex:1 1 0;min-width:0}
-.attncircuits-attention .ac-strip>i.ac-sel{box-shadow:inset 0 -3px #ff7f0e}
+.attncircuits-attention .ac-strip>i.ac-sel{box-shadow:inset 0 -3px currentColor}
 .attncircuits-attention .ac-top{font-family:monospace;font-size:12px;white-space:pre;overflow:hidden;
  text-overflow:ellipsis}
 """
