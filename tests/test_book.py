@@ -2,12 +2,13 @@
 
 One build of a smoke subset keeps this under a minute: every page of ``_toc.yml`` (chapter
 notebooks are rendered but not executed here; ``make book`` and nbval execute them) plus a small
-notebook made here that draws a figure, shows math and embeds a widget, executed by the build. The
-build runs with the Makefile's flags (``-W -n --keep-going``); the HTML is then checked without
-trusting the build's own checks: no page or stylesheet loads anything from another host, every
-page in the table of contents exists, every image and local script a page loads exists, math is
-typeset by the local MathJax, widget state is rendered by the local embed manager, and chapter
-pages carry a Colab launch button. Two cheap builds check the failure modes: a notebook that raises
+notebook made here that draws a figure, shows math, embeds a widget and an attention view,
+executed by the build. The build runs with the Makefile's flags (``-W -n --keep-going``); the HTML
+is then checked without trusting the build's own checks: no page or stylesheet loads anything from
+another host, every page in the table of contents exists, every image and local script a page
+loads exists, math is typeset by the local MathJax, widget state is rendered by the local embed
+manager, the attention view answers a hovering pointer in Chromium, and chapter pages carry a
+Colab launch button. Two cheap builds check the failure modes: a notebook that raises
 and a missing offline asset.
 """
 
