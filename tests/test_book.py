@@ -2,12 +2,13 @@
 
 One build of a smoke subset keeps this under a minute: every page of ``_toc.yml`` (chapter
 notebooks are rendered but not executed here; ``make book`` and nbval execute them) plus a small
-notebook made here that draws a figure, shows math and embeds a widget, executed by the build. The
-build runs with the Makefile's flags (``-W -n --keep-going``); the HTML is then checked without
-trusting the build's own checks: no page or stylesheet loads anything from another host, every
-page in the table of contents exists, every image and local script a page loads exists, math is
-typeset by the local MathJax, widget state is rendered by the local embed manager, and chapter
-pages carry a Colab launch button. Two cheap builds check the failure modes: a notebook that raises
+notebook made here that draws a figure, shows math, embeds a widget and an attention view,
+executed by the build. The build runs with the Makefile's flags (``-W -n --keep-going``); the HTML
+is then checked without trusting the build's own checks: no page or stylesheet loads anything from
+another host, every page in the table of contents exists, every image and local script a page
+loads exists, math is typeset by the local MathJax, widget state is rendered by the local embed
+manager, the attention view answers a hovering pointer in Chromium, and chapter pages carry a
+Colab launch button. Two cheap builds check the failure modes: a notebook that raises
 and a missing offline asset.
 """
 
@@ -23,6 +24,10 @@ from urllib.parse import unquote, urlsplit
 import nbformat
 import pytest
 import yaml
+from browser import CHROMIUM, Browser
+from test_attention_view import check_states, hover_and_read
+
+from attncircuits.show.widgets.attention import view_data
 
 REPO = Path(__file__).resolve().parents[1]
 JUPYTER_BOOK = Path(sys.executable).with_name("jupyter-book")
@@ -116,6 +121,15 @@ def _smoke_notebook() -> nbformat.NotebookNode:
             "display(plotting.next_token_table_html(['·self', 'def'], {'weights': [[('.', 0.5)], [('·f', 0.2)]]}))\n"
             "display(plotting.skip_trigram_table_html([('0.1', '·self', '.', '_', 1.5)], "
             "['head', 'source', 'destination', 'output', 'score']))"
+        ),
+        # the attention view (chapters 3, 6, 7 and 12): markup, entities, quotes and a script's end
+        # among its tokens; test_the_attention_view_responds_in_the_built_page hovers it
+        nbformat.v4.new_code_cell(
+            "import numpy as np\n"
+            "from attncircuits.show.widgets import attention_view\n"
+            "s = np.random.default_rng(0).random((3, 10, 10)) ** 3 * np.tri(10)\n"
+            "tokens = ['<b>', '&amp;', '\"q\"', \"it's\", 'a\\nb', ' ', '</script>', '\\t', 'é→', 'x']\n"
+            "attention_view(s / s.sum(-1, keepdims=True), tokens, selected=2)"
         ),
     ]
     return nb
@@ -253,6 +267,21 @@ def test_widget_state_is_rendered_by_the_local_embed_manager(smoke_site):
         target = _local_target(page, src)
         assert target is not None and target.is_file(), f"embed manager {src} is not a local file"
     assert "application/vnd.jupyter.widget-view+json" in page.read_text()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium) to load the page in")
+def test_the_attention_view_responds_in_the_built_page(smoke_site):
+    """The smoke chapter's attention view, as the build wrote it, loaded from file:// in headless
+    Chromium: hovering a token, the "to" button and a head's panel change the text's shades to what
+    the patterns stored in the page say (tests/test_attention_view.py checks them against the ones
+    passed in)."""
+    html_dir, _ = smoke_site
+    page = html_dir / "smoke" / "smoke.html"
+    data = view_data(page.read_text(encoding="utf-8"))
+    assert data["tokens"][:3] == ["<b>", "&amp;", '"q"'] and data["tokens"][6] == "</script>"
+    with Browser(width=1000) as b:
+        states = hover_and_read(b, page)
+    check_states(states, data["weights"], data["tokens"], selected=2)
 
 
 def test_chapter_pages_have_a_colab_launch_button(smoke_site):

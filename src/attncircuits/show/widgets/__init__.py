@@ -18,10 +18,15 @@ when building the book), :func:`explorer` draws the states in advance (up to a d
 control) and shows them with buttons that switch between them in plain HTML and CSS: no kernel, no
 script, nothing fetched.
 
+:func:`attention_view` is the other kind: one HTML output with its own few lines of JavaScript and
+the patterns inside it, so hovering a token works in a notebook and in the built book alike.
+
 Modules: :mod:`~.explorer` (the generic :class:`Explorer`), :mod:`~.static` (the precomputed
-states' HTML) and :mod:`~.chapters` (the chapters' explorers). Every name is re-exported here.
+states' HTML), :mod:`~.chapters` (the chapters' explorers) and :mod:`~.attention` (the attention
+view). Every name is re-exported here.
 """
 
+from attncircuits.show.widgets.attention import attention_view
 from attncircuits.show.widgets.chapters import (
     NextTokenExplorer,
     head_explorer,
@@ -33,6 +38,7 @@ from attncircuits.show.widgets.explorer import STATIC_ENV, Explorer, displayable
 
 __all__ = [
     "STATIC_ENV",
+    "attention_view",
     "Explorer",
     "NextTokenExplorer",
     "displayable",
