@@ -136,3 +136,14 @@ def test_by_chapter_counts_the_claims_tested_after():
     rows = cd.by_chapter([("ch", e1, ["seed 5", "seed 6"], ["seed 5"]), ("ch", e2, ["seed 6"], ["seed 6"]),
                           ("other", e1, [], [])])
     assert rows == [("ch", 2, "2026-12-01 to 2026-12-03", "1 to 2", 2, 1), ("other", 1, "2026-12-01", "0", 0, 0)]
+
+
+def test_a_restated_claim_says_when_and_whether_it_was_tested_since():
+    e = {**_entry("2026-12-02T00:00:00+00:00", commit="abcdef1" + "0" * 33), "claim": "{n} of five runs"}
+    now = {"ch": {"every run": ["three of five runs", "restated"], "x": ["in the shipped run: x", "shipped"],
+                  "gone": ["a claim no chapter states", "restated"]}}
+    assert cd.restated([("ch", e, [], [])], now) == [
+        ("ch", "three of five runs", "2026-12-02, abcdef1", "not yet tested on a run trained after it"),
+        ("ch", "a claim no chapter states", "-", "no chapter states it now")]
+    assert cd.restated([("ch", e, ["seed 5", "seed 6"], ["seed 6"])], now)[0][3] == \
+        "held on 1 of 2 runs trained after it"

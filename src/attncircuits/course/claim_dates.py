@@ -293,6 +293,25 @@ def by_chapter(tested: list[tuple[str, dict, list[str], list[str]]]) -> list[tup
     return rows
 
 
+def restated(tested: list[tuple[str, dict, list[str], list[str]]], now: dict[str, dict]) -> list[tuple[str, str, str, str]]:
+    """The claims ``now`` (:func:`claims_now`) marks as restated after the runs, one row each:
+    ``(chapter, the claim now, when it was last worded (date and commit), on which runs trained
+    after that it was tested)``, "not yet tested on a run trained after it" where on none."""
+    rows = []
+    for chapter, mapping in now.items():
+        mine = [(e, runs, held) for ch, e, runs, held in tested if ch == chapter]
+        for text in dict.fromkeys(v[0] for v in mapping.values() if v[1] == "restated"):
+            w = matching(text, [e["claim"] for e, _, _ in mine])
+            if w is None:
+                rows.append((chapter, text, "-", "no chapter states it now"))
+                continue
+            e, runs, held = next(x for x in mine if x[0]["claim"] == w)
+            when = f"{'after ' if e.get('after') else ''}{e['date'][:10]}, {e['commit'][:7]}"
+            rows.append((chapter, text, when, f"held on {len(held)} of {len(runs)} runs trained after it" if runs
+                         else "not yet tested on a run trained after it"))
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m attncircuits.course.claim_dates",
                                 description="Write replicates/claim-dates.json from git's history (make claim-dates).")
