@@ -3,6 +3,7 @@
 for a claim only when it was trained after the claim's wording and checked that wording."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -147,3 +148,12 @@ def test_a_restated_claim_says_when_and_whether_it_was_tested_since():
         ("ch", "a claim no chapter states", "-", "no chapter states it now")]
     assert cd.restated([("ch", e, ["seed 5", "seed 6"], ["seed 6"])], now)[0][3] == \
         "held on 1 of 2 runs trained after it"
+
+
+def test_the_reproduces_page_reads_records_only_where_absence_is_handled():
+    """Its Colab copy runs on a pip install, which ships no replicates/: the page reads the runs'
+    records through claim_dates.records() (empty there), never through the package's parents."""
+    cells = json.loads((cd.REPO / "book" / "reproduces.ipynb").read_text(encoding="utf-8"))["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert not re.search(r"\bREPO\b", code) and "read_text" not in code
+    assert "claim_dates.records()" in code and "RECORDS_MISSING" in code
