@@ -20,7 +20,7 @@ ASSETS_STAMP = $(VENDOR)/.fetched-$(subst /,-,$(subst @,-,$(MATHJAX_NPM)+$(WIDGE
 # Headless browser for `make screenshots` (Debian's chromium).
 CHROMIUM ?= chromium
 
-.PHONY: book book-assets test train replicate family train-mine mystery markov clamps stages bench clean venv screenshots
+.PHONY: book book-assets test train replicate claim-dates family train-mine mystery markov clamps stages bench clean venv screenshots
 
 venv: $(VENV)/.installed
 
@@ -168,6 +168,13 @@ train: venv
 SEED ?= 1
 replicate: venv
 	$(PY) -m attncircuits.train.replicate --seed $(SEED)
+
+# When each claim the chapters state was last worded (replicates/claim-dates.json), from git's history:
+# run it after rewording a claim, and again once that change is committed (tests/test_claim_dates.py
+# fails while a chapter states a wording the file lacks). The reproduces page counts a claim as tested
+# only on runs trained after its wording (see attncircuits/course/claim_dates.py).
+claim-dates: venv
+	$(PY) -m attncircuits.course.claim_dates
 
 # The family of chapter 11: 15 models (1-6 layers attention-only and with MLPs and LayerNorm, and the
 # 2-layer model with each position scheme) on one recipe, two at a time, seed 0 (the default) into

@@ -182,12 +182,15 @@ def test_a_chapter_runs_counts_are_read_from_junit_and_the_claims_log(tmp_path):
     log = tmp_path / "c.jsonl"
     log.write_text('{"text": "a", "held": true, "measured": "1", "models": "x"}\n'
                    '{"text": "b", "held": false, "measured": "2", "models": "x"}\n')
+    checked = [{"text": "a", "held": True, "about": "recipe"}, {"text": "b", "held": False, "about": "recipe"}]
     assert _claim_counts(log) == {"claims": 2, "claims_held": 1, "claims_not_held": ["b (measured: 2)"],
-                                  "corpus_claims": 0, "corpus_claims_held": 0, "corpus_claims_not_held": []}
+                                  "corpus_claims": 0, "corpus_claims_held": 0, "corpus_claims_not_held": [],
+                                  "claims_checked": checked}  # every claim, held or not (claim_dates)
     with log.open("a") as f:
         f.write('{"text": "c", "held": false, "measured": "3", "models": "x", "about": "corpus"}\n')
     assert _claim_counts(log) == {"claims": 2, "claims_held": 1, "claims_not_held": ["b (measured: 2)"],
-                                  "corpus_claims": 1, "corpus_claims_held": 0, "corpus_claims_not_held": ["c (measured: 3)"]}
+                                  "corpus_claims": 1, "corpus_claims_held": 0, "corpus_claims_not_held": ["c (measured: 3)"],
+                                  "claims_checked": [*checked, {"text": "c", "held": False, "about": "corpus"}]}
 
 
 def test_the_printed_command_names_how_many_files_not_each_one():

@@ -384,7 +384,7 @@ def record(seed: int, out: Path | None = None, records: Path | None = None) -> P
     folder = (records or replicate.REPO / "replicates") / f"family-seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "results.json"
-    body = {"seed": seed, "command": f"make family SEED={seed}", "chapters": runs}
+    body = {"seed": seed, "command": f"make family SEED={seed}", "trained_at": replicate.training_commit(out, True), "chapters": runs}
     durable.write_text(path, json.dumps(body, indent=1) + "\n")
     return path
 

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from attncircuits.train import cluster, family
+from attncircuits.train import cluster, family, replicate
 
 
 def _whole(lo: int, hi: int):
@@ -46,6 +46,9 @@ def main(argv=None) -> int:
                    help="then run chapter 11 on this seed and write its claims held to "
                         "replicates/family-seed-N/results.json (seed 0's the chapter asserts)")
     a = p.parse_args(argv)
+    if a.seed != 0:  # the commit its training starts at, kept for its record (the first, when resumed)
+        start = a.out or family.default_out(a.seed)
+        replicate.training_commit(start, started=start.is_dir() and any(start.iterdir()))
     out = family.run(a.seed, a.processes, a.members, out=a.out, device=a.device, ray=cluster.address_from(a.ray))
     if a.record and a.seed == 0:
         print("seed 0 is the committed family: chapter 11 asserts its claims; nothing to record")

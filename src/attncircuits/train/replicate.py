@@ -32,13 +32,15 @@ from attncircuits.analysis import quantities as Q
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.checkpoints.pretrained import is_checkpoint_dir, load_checkpoint, validation_windows
+from attncircuits.core import gitstate
 from attncircuits.core.heads import head_name
 from attncircuits.train.sets import ONE_EACH, default_lanes, train_set
 
 #: a layer-1 head is an induction head when its prefix-matching score is above this (the course's
 #: definition, attncircuits.analysis.definitions.INDUCTION_HEAD)
 INDUCTION_THRESHOLD = D.INDUCTION_HEAD.value
-#: a one-layer head copies when its OV eigenvalue share Σλ/Σ|λ| is above this and above every shuffle
+#: a one-layer head copies when its OV eigenvalue share Σλ/Σ|λ| reaches this and is above every shuffle
+#: (CopyingSummary.copying, chapter 4's count)
 COPYING_THRESHOLD = D.COPYING_EIGEN.value
 REPO = Path(__file__).resolve().parents[3]
 #: the random tokens the across-runs rows are measured on (Q.repeated_tokens of a 128-token model; the
@@ -74,8 +76,7 @@ def model_numbers(model, windows: torch.Tensor) -> dict:
         _r(Q.measure(q, model, "", rep).value) for q in ("first-copy loss", "second-copy loss"))
     if model.cfg.n_layers == 1:
         cs = copying_summary(model, 0)
-        copying = (cs.eigen_score > COPYING_THRESHOLD) & (cs.eigen_score > cs.shuffled_max)
-        out["copying_heads"] = int(copying.sum())
+        out["copying_heads"] = cs.n_copying  # chapter 4's count: one definition of a copying head
         out["copying_eigen_share"] = {head_name(0, h): _r(cs.eigen_score[h]) for h in range(H)}
     if model.cfg.n_layers >= 2:
         comp = composition_scores(model)
@@ -247,7 +248,28 @@ def _claim_counts(path: Path) -> dict:
         mine = [r for r in rows if r.get("about", "recipe") == about]
         out.update({prefix: len(mine), f"{prefix}_held": sum(r["held"] for r in mine),
                     f"{prefix}_not_held": [f"{r['text']} (measured: {r['measured']})" for r in mine if not r["held"]]})
+    # every claim checked, held or not: the reproduces page counts a claim as tested by this run only
+    # where it checked the claim's present wording (attncircuits.course.claim_dates)
+    out["claims_checked"] = [{"text": r["text"], "held": r["held"], "about": r.get("about", "recipe")} for r in rows]
     return out
+
+
+#: the file in a run's folder that keeps the commit its training started at
+TRAINED_AT = "trained-at.json"
+
+
+def training_commit(out: Path, started: bool) -> dict | None:
+    """The commit the runs in ``out`` were trained at (:func:`gitstate.commit_state`): as ``out``'s
+    :data:`TRAINED_AT` says, where a run wrote it; else HEAD's now for runs not ``started`` yet (written
+    there, so that a resumed run keeps the commit it started at), and None (unknown) for runs started
+    before the file existed or outside a git checkout."""
+    path = out / TRAINED_AT
+    if path.is_file():
+        return json.loads(path.read_text()).get("trained_at")
+    state = None if started else gitstate.commit_state(REPO)
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"trained_at": state}) + "\n")
+    return state
 
 
 # ---- make replicate ------------------------------------------------------------------------------
@@ -265,10 +287,11 @@ def main(argv=None) -> None:
     out = Path(os.path.abspath(args.out or REPO / "replicates" / f"seed-{args.seed}"))
     out.mkdir(parents=True, exist_ok=True)
     command = f"make replicate SEED={args.seed}" + (f" OUT={args.out}" if args.out else "")
+    trained_at = training_commit(out, started=any((out / n).exists() for n in modelset.SET_MODEL_NAMES))
     (out / modelset.SET_FILE).write_text(json.dumps({"kind": "replicate", "seed": args.seed, "command": command}) + "\n")
     train_set(out, {n: ["--preset", n, "--seed", str(args.seed)] for n in modelset.SET_MODEL_NAMES}, args.threads,
               lanes=None if args.one_at_a_time else default_lanes(ONE_EACH))
-    results = {"seed": args.seed, "command": command, **headline_numbers(out)}
+    results = {"seed": args.seed, "command": command, "trained_at": trained_at, **headline_numbers(out)}
     if not args.no_chapters:
         results["chapters"] = run_chapters(out)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

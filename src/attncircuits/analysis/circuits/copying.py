@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
+from attncircuits.analysis import definitions as D
 from attncircuits.analysis.circuits.factored import ov_factors
 from attncircuits.analysis.circuits.factored_matrix import FactoredMatrix
 from attncircuits.core import validate
@@ -44,8 +45,9 @@ class CopyingSummary:
 
     @property
     def copying(self) -> Int[Tensor, " head"]:
-        """Heads that copy significantly: a positive summary beyond every shuffled one."""
-        return (self.eigen_score > self.shuffled_max).long()
+        """Heads that copy (:data:`attncircuits.analysis.definitions.COPYING_EIGEN`, the course's one
+        definition): a summary at the level of a copying head and beyond every shuffled one."""
+        return (D.COPYING_EIGEN.holds(self.eigen_score) & (self.eigen_score > self.shuffled_max)).long()
 
     @property
     def n_copying(self) -> int:
