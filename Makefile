@@ -126,15 +126,17 @@ screenshots: venv
 # The tests and the notebooks run in one pytest session on every core (pytest-xdist, TEST_WORKERS=n
 # sets how many; 1 runs them in one process, in order): files are handed out one at a time, so a
 # notebook's cells run in order in one kernel and each test module's tests run in one worker (its
-# module-scoped fixtures are built once). The notebooks come first and the many short test modules
-# after them, so no worker waits idle at the end of one stage for the other's last long file, and
-# each worker collects once. One torch thread per worker and per kernel (OMP_NUM_THREADS), so
+# module-scoped fixtures are built once). Files go out in the order of TEST_ORDER: the longest
+# (measured with --durations) first, the many short test modules last, so no worker waits idle at
+# the end for the other's last long file; each worker collects once (a path named twice runs once). One torch thread per worker and per kernel (OMP_NUM_THREADS), so
 # workers do not fight over the cores.
 # nbval collects notebooks/ recursively: the learner's notebooks/exercises/ run too (stubs: "not attempted yet").
 # The tests are about the shipped models, whatever set ATTNCIRCUITS_MODELS names in the shell (empty = unset).
 MAKE_START := $(shell date +%s)
 TEST_WORKERS ?= auto
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+TEST_ORDER = book/reproduces.ipynb tests/test_mine.py tests/test_family_ray.py tests/test_shipped_models.py \
+	tests/test_book.py tests/test_exercises_robust.py notebooks tests
 test: export ATTNCIRCUITS_MODELS =
 test: export OMP_NUM_THREADS = 1
 test: venv
@@ -142,8 +144,7 @@ test: venv
 	stage() { name=$$1; shift; echo "==> make test: $$name"; t=$$(date +%s); \
 	  "$$@" || failed="$$failed $$name"; times="$$times, $$name $$(( $$(date +%s) - t )) s"; }; \
 	stage ruff $(VENV)/bin/ruff check src tests benchmarks notebooks book; \
-	stage "pytest (tests and nbval)" $(PY) -m pytest $(XDIST) -p tests.notebook_pages --nbval-lax \
-	  notebooks book/reproduces.ipynb tests; \
+	stage "pytest (tests and nbval)" $(PY) -m pytest $(XDIST) -p tests.notebook_pages --nbval-lax $(TEST_ORDER); \
 	times="$$times; $$(( $$(date +%s) - $(MAKE_START) )) s in all"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; echo "make test: $$times" >&2; exit 1; fi; \
 	echo "make test: every stage passed"; echo "make test: $$times"

@@ -144,8 +144,8 @@ def test_the_makefile_runs_tests_and_notebooks_on_every_core():
     assert "TEST_WORKERS ?= auto" in text and "--dist loadfile" in text
     runs = [line for line in text.splitlines() if "-m pytest" in line and line.strip().startswith("stage ")]
     assert len(runs) == 1 and "$(XDIST)" in runs[0] and "--nbval-lax" in runs[0], runs
-    # one session: the notebooks first, then the unit tests, so each worker collects once and no
-    # stage's last long file leaves a worker idle
-    joined = text[text.index(runs[0]):].split("\n")[0] + text[text.index(runs[0]):].split("\n")[1]
-    assert joined.index("notebooks") < joined.index(" tests;"), joined
+    # one session, every notebook and every test module in it, the long files first
+    order = re.search(r"^TEST_ORDER = (.*?)(?<!\\)$", text, re.M | re.S).group(1).replace("\\\n", " ").split()
+    assert "$(TEST_ORDER)" in runs[0] and order[-2:] == ["notebooks", "tests"], order
+    assert all((REPO / p).exists() for p in order) and "book/reproduces.ipynb" in order, order
     assert "pytest-xdist==" in (REPO / "requirements.txt").read_text()
