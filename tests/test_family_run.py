@@ -27,6 +27,7 @@ def test_members_are_trained_written_and_not_trained_again(tiny, tmp_path, capsy
         assert r["history"]["step"] == [0, 25, 50]
         assert r["per_token"].shape == (3, 2 * 4)  # every evaluation, every fixed (window, position)
         # the ICL score on its own fixed windows every second evaluation and at the end, each window kept
+        assert len(r["history"]["icl"]) == 3  # each evaluation's on the fixed windows of the PCA
         assert r["history"]["icl_steps"] == [0, 50] and r["icl_rows"].shape == (2, 4)
         assert r["final_icl"]["windows"] == 4 and r["final_icl"]["mean"] == pytest.approx(r["icl_rows"][-1].mean(), abs=2e-3)
         assert set(r["final_scores"]) >= {"previous_token", "prefix_matching", "duplicate_token", "copying"}

@@ -58,7 +58,7 @@ RESULTS_ENV = modelset.FAMILY_ENV
 CHAPTER = "11_model_family"
 #: chapter 7's live recipe at a lower rate (see the module), thrice the steps its 2-layer model needs
 RECIPE = dict(lr=2e-3, steps=2400, eval_every=25)
-#: fixed windows read at every evaluation, the ICL score's positions and 2 more (seeded), for the PCA
+#: fixed windows read every evaluation (the ICL score's positions and 2 more, seeded) for the PCA
 N_WINDOWS = 256
 POSITIONS_PER_WINDOW = 4
 #: fixed windows for the ICL score, read every ICL_EVERY evaluations and at the end, each kept
@@ -107,15 +107,16 @@ def fixed_positions(n_ctx: int, n_windows: int | None = None, k: int | None = No
     return np.concatenate([np.full((n_windows, 1), early), np.full((n_windows, 1), late), others], 1)
 
 
-def read_fixed(model, tokens: torch.Tensor, positions: np.ndarray) -> np.ndarray:
-    """The losses at the fixed (window, position) pairs, flattened, as float16 (only those
-    positions are unembedded)."""
-    return losses.loss_rows_at(model, tokens, torch.from_numpy(positions)).flatten().to(torch.float16).numpy()
+def read_fixed(model, tokens: torch.Tensor, positions: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The losses at the fixed (window, position) pairs (flattened, float16; only those positions
+    unembedded), and the ICL score (late minus early) with its standard error over the windows."""
+    picked = losses.loss_rows_at(model, tokens, torch.from_numpy(positions))
+    rows = picked[:, 1] - picked[:, 0]
+    return picked.flatten().to(torch.float16).numpy(), rows.mean().item(), (rows.std() / len(rows) ** 0.5).item()
 
 
 def train_member(name: str, seed: int, out: Path, streams=None, device: str = "cpu") -> dict:
-    """Train one member on ``device`` (resuming its partial state if there is one, from whichever
-    device saved it) and write its results."""
+    """Train one member on ``device`` (resuming its saved state, from whichever device saved it)."""
     torch.set_num_threads(1)
     mcfg, cfg = member_configs(name, seed)
     tr, va = streams if streams is not None else live_streams(mcfg.d_vocab)
@@ -124,7 +125,7 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
     if state is not None:
         print(f"  {name}: resuming from its state saved at step {state['step']:,}", flush=True)
     fixed = {}  # the same windows and positions for every member, read at the first evaluation
-    kept = state["kept"] if state else {"per_token": [], "icl_steps": [], "icl": [], "icl_se": [], "icl_rows": []}
+    kept = state["kept"] if state else {k: [] for k in ("per_token", "icl", "icl_se", "icl_steps", "icl_rows")}
     every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
 
     def on_eval(step, model, row):
@@ -137,14 +138,14 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
                   "from its last saved state)", flush=True)
             os._exit(0)
         if not fixed:
-            fixed["tokens"] = live_text(model, max(N_WINDOWS, N_ICL_WINDOWS))
+            fixed["tokens"], fixed["icl_tokens"] = live_text(model, N_WINDOWS), live_text(model, N_ICL_WINDOWS)
             fixed["positions"] = fixed_positions(mcfg.n_ctx)
-        kept["per_token"].append(read_fixed(model, fixed["tokens"][:N_WINDOWS], fixed["positions"]))
+        nll, icl, se = read_fixed(model, fixed["tokens"], fixed["positions"])
+        for key, val in (("per_token", nll), ("icl", icl), ("icl_se", se)):
+            kept[key].append(val)
         if step % (ICL_EVERY * cfg.eval_every) == 0 or step == cfg.steps:
-            rows = losses.icl_rows(model, fixed["tokens"][:N_ICL_WINDOWS])
-            for key, val in (("icl_steps", step), ("icl", rows.mean().item()),
-                             ("icl_se", (rows.std() / len(rows) ** 0.5).item()), ("icl_rows", rows.to(torch.float16).numpy())):
-                kept[key].append(val)
+            kept["icl_steps"].append(step)
+            kept["icl_rows"].append(losses.icl_rows(model, fixed["icl_tokens"]).to(torch.float16).numpy())
         if step and step % every == 0 or step == cfg.steps:  # one progress line per tenth of the budget
             print(f"  {name:<16} step {step:>5,} of {cfg.steps:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
@@ -161,7 +162,7 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
         "tokens_per_step": cfg.batch_size * mcfg.n_ctx, "wall_s": time.perf_counter() - t0,
         "device": torch.device(device).type,
         "history": {**{k: history[k] for k in ("step", "val_loss", "prev_token", "prefix_matching")},
-                    "icl_steps": kept["icl_steps"], "icl": kept["icl"], "icl_se": kept["icl_se"]},
+                    "icl": kept["icl"], "icl_se": kept["icl_se"], "icl_steps": kept["icl_steps"]},
         "final_icl": {"mean": float(final.mean()), "se": float(final.std(ddof=1) / len(final) ** 0.5),
                       "windows": len(final)},
         "fixed_windows": N_WINDOWS, "fixed_positions": fixed_positions(mcfg.n_ctx).tolist(),
@@ -185,8 +186,7 @@ def identity(name: str, seed: int) -> dict:
 
 
 def _cost(name: str) -> int:
-    m = MEMBERS[name]
-    return m["n_layers"] * (3 if m.get("d_mlp") else 1)
+    return MEMBERS[name]["n_layers"] * (3 if MEMBERS[name].get("d_mlp") else 1)
 
 
 def _worker(args):
