@@ -206,11 +206,16 @@ def split_recorded(line: str) -> tuple[str, str]:
     return text.removeprefix(SHIPPED_PREFIX), value[:-1]
 
 
+#: what a claim kept in its words after it failed on a run trained after them is marked with
+#: (``replicates/claims-now.json``'s third kind beside "shipped" and "restated")
+STANDS = "as stated, not held on a run trained after its wording"
+
+
 def _not_held(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple[str, str, str | None, dict]]:
     """``(chapter, the claim now, the wording a restated claim was recorded under or None, {run:
     measured value})`` per claim that did not hold on some run, sorted (see
     :func:`not_held_across_runs`)."""
-    rows: dict[tuple[str, str], tuple[str | None, dict]] = {}
+    rows: dict[tuple[str, str], tuple[str | None, dict]] = {}  # "stands": the marker STANDS for was
     for run, chapters in recorded.items():
         for chapter, counts in chapters.items():
             for line in counts.get("claims_not_held", []):
@@ -219,7 +224,8 @@ def _not_held(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple[str
                     claim_now, kind = now[chapter][text]
                 except KeyError:
                     raise KeyError(f"{run}, {chapter}: {text!r} is not in claims-now.json") from None
-                row = rows.setdefault((chapter, claim_now), (None if kind == "shipped" else text, {}))
+                was = None if kind == "shipped" else STANDS if kind == "stands" else text
+                row = rows.setdefault((chapter, claim_now), (was, {}))
                 row[1][run] = value
     return [(chapter, text, was, values) for (chapter, text), (was, values) in sorted(rows.items())]
 
@@ -229,13 +235,15 @@ def not_held_across_runs(recorded: dict[str, dict], now: dict[str, dict]) -> lis
     it now, what became of it, then per run its measured value or "held")``.
 
     ``recorded`` is ``{run: results["chapters"]}`` of each run's results.json; ``now`` maps each
-    chapter's recorded wordings to ``[the claim now, "shipped" or "restated"]``
+    chapter's recorded wordings to ``[the claim now, "shipped", "restated" or "stands"]`` (kept in its
+    words: it failed on a run trained after it, which the table shows)
     (``replicates/claims-now.json``), so that a claim recorded under an older wording by one run and
     a newer one by another is one row. A restated claim's row names the wording it was recorded
     under, whose measured values it shows. A recorded wording missing from ``now`` raises
     ``KeyError`` naming it."""
     runs = list(recorded)
-    return [(chapter, text, "the shipped run's" if was is None else f"restated; recorded as: {was}",
+    return [(chapter, text, "the shipped run's" if was is None else STANDS if was == STANDS
+             else f"restated; recorded as: {was}",
              *(values.get(r, "held") for r in runs))
             for chapter, text, was, values in _not_held(recorded, now)]
 
@@ -249,7 +257,9 @@ def not_held_table(recorded: dict[str, dict], now: dict[str, dict]) -> list[tupl
     The runs on which a claim held have no row."""
     out = []
     for chapter, text, was, values in _not_held(recorded, now):
-        if was == text:  # "their ...": what it follows was restated
+        if was == STANDS:
+            text += f" ({STANDS})"
+        elif was == text:  # "their ...": what it follows was restated
             text += " (restated with the claim before it, in the same words)"
         elif was is not None:
             text += f" (restated; the runs recorded it as: {was})"
