@@ -247,6 +247,11 @@ def _fingerprint(model) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
+def _nll_key(model, windows: Windows) -> tuple:
+    """The key of an intact model's per-token loss on ``windows`` in :data:`_NLL`."""
+    return id(model), windows.name, _fingerprint(model)
+
+
 @torch.no_grad()
 def per_token_loss(model, windows: Windows, cached: bool = True, **forward_kwargs) -> Tensor:
     """The per-token loss ``[row, pos - 1]`` on ``windows`` that the loss and ICL score average (kept
@@ -254,7 +259,7 @@ def per_token_loss(model, windows: Windows, cached: bool = True, **forward_kwarg
     ``cached=False`` for a model changed by hooks around the call)."""
     if forward_kwargs or not cached:
         return losses.per_token_loss(model, windows.tokens, **forward_kwargs)
-    key = (id(model), windows.name, _fingerprint(model))
+    key = _nll_key(model, windows)
     if key not in _NLL:
         if len(_NLL) > 16:
             _NLL.clear()
@@ -271,7 +276,7 @@ def per_row(quantity: str, model, windows: Windows, head=None, cached: bool = Tr
     if quantity == "validation loss":
         return per_token_loss(model, windows, cached, **forward_kwargs).mean(1)
     if quantity == "ICL score":
-        key = (id(model), windows.name, _fingerprint(model))
+        key = _nll_key(model, windows)
         if not forward_kwargs and cached and key in _NLL:  # a page that drew the loss already
             return losses.icl_scores_per_row(_NLL[key], model.cfg.n_ctx)
         return losses.icl_rows(model, tokens, **forward_kwargs)  # two positions unembedded, not all
