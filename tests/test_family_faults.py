@@ -77,6 +77,25 @@ def test_another_members_or_seeds_saved_state_in_its_place_is_one_line(tiny_fami
         family_files.load_state(tmp_path / "seed-1", "attn-1l", family.identity("attn-1l", 1))
 
 
+def test_a_saved_state_from_before_the_icl_rows_is_refused_in_one_line(tiny_family, tmp_path, monkeypatch):
+    """A state saved by a version that kept no ICL rows (its checksums whole) would raise a
+    KeyError at the next evaluation: refused before any training, naming the folder."""
+    import torch
+
+    out = tmp_path / "seed-0"
+    folder = interrupted(out, "attn-1l", tiny_family, monkeypatch)
+    state = torch.load(folder / "resume" / "state.pt", weights_only=False)
+    for key in ("icl_steps", "icl_rows"):
+        del state["kept"][key]
+    ident = family.identity("attn-1l", 0)
+    family_files.save_state(out, "attn-1l", ident, state)
+    no_training(monkeypatch)
+    with pytest.raises(SystemExit) as err:
+        family.run(seed=0, processes=1, members=["attn-1l"], out=out, streams=tiny_family)
+    assert "lacks the readings kept now (icl_rows, icl_steps); delete" in one_line(err)
+    assert "to train attn-1l from the start" in one_line(err)
+
+
 def test_a_seed_1_folder_renamed_to_seed_0_is_refused_member_by_member(tiny_family, tmp_path, monkeypatch):
     one = family.run(seed=1, processes=1, members=["attn-1l"], out=tmp_path / "seed-1", streams=tiny_family)
     renamed = one.rename(tmp_path / "seed-0")

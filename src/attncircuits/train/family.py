@@ -125,7 +125,7 @@ def train_member(name: str, seed: int, out: Path, streams=None, device: str = "c
     if state is not None:
         print(f"  {name}: resuming from its state saved at step {state['step']:,}", flush=True)
     fixed = {}  # the same windows and positions for every member, read at the first evaluation
-    kept = state["kept"] if state else {k: [] for k in ("per_token", "icl", "icl_se", "icl_steps", "icl_rows")}
+    kept = state["kept"] if state else {k: [] for k in sorted(family_files.KEPT)}
     every = max(cfg.eval_every, cfg.steps // 10 // cfg.eval_every * cfg.eval_every)
 
     def on_eval(step, model, row):

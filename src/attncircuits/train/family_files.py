@@ -124,6 +124,10 @@ def save_state(out: Path, name: str, ident: dict, state: dict) -> None:
     run_folder.save_state(folder, write)
 
 
+#: what a member's saved state keeps of its evaluations (family.train_member)
+KEPT = frozenset({"per_token", "icl", "icl_se", "icl_steps", "icl_rows"})
+
+
 def load_state(out: Path, name: str, ident: dict) -> dict | None:
     """Member ``name``'s saved state (None: there is none), checked against its manifest and
     against ``ident``; anything else raises one line naming the folder to delete."""
@@ -152,6 +156,9 @@ def load_state(out: Path, name: str, ident: dict) -> dict | None:
         assert isinstance(state, dict) and state.get("step") == saved["step"] and "kept" in state
     except Exception:  # noqa: BLE001 - pickle, zip and torch each raise their own
         raise FamilyFileError(f"the saved state in {folder} does not read; {fix}") from None
+    if not KEPT.issubset(state["kept"]):  # saved by a version that kept fewer readings a step
+        raise FamilyFileError(f"the saved state in {folder} lacks the readings kept now "
+                              f"({', '.join(sorted(KEPT - set(state['kept'])))}); {fix}")
     return state
 
 
