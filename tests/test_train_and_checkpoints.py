@@ -270,6 +270,33 @@ def test_shapes_are_compared_before_anything_is_allocated(saved):
     assert time.perf_counter() - t0 < 5 and peak < 50 * 2**20
 
 
+def test_the_course_sizes_read_their_shapes_on_the_cpu_and_load_without_torch_dynamo():
+    """Arithmetic on torch's meta device imports torch._dynamo and sympy (about 2 s in every
+    notebook and process that loads a checkpoint): the course's sizes are built on the CPU, with
+    the same shapes, the caller's random state untouched, and an upper bound on what they allocate."""
+    import subprocess
+    import sys
+
+    from attncircuits.checkpoints import pretrained
+    from attncircuits.train import family
+
+    for name in family.MEMBERS:
+        cfg = family.member_configs(name)[0]
+        with torch.device("meta"):
+            meta = {k: tuple(v.shape) for k, v in cfg.build().weights().items()}
+        torch.manual_seed(3)
+        shapes, after = pretrained.expected_shapes(cfg), torch.rand(1)
+        torch.manual_seed(3)
+        assert shapes == meta and torch.equal(after, torch.rand(1)), name
+        model = cfg.build()
+        numbers = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+        assert numbers <= pretrained._size_bound(cfg) <= pretrained.SHAPES_ON_CPU, name
+    code = ("import sys, attncircuits; [attncircuits.load_pretrained(n) for n in ('attn-only-1l', 'attn-only-2l')]; "
+            "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_every_shipped_model_names_its_tokenizer():
     from attncircuits.checkpoints.pretrained import MODEL_NAMES
     from attncircuits.core.manifest import sha256

@@ -214,11 +214,25 @@ class Checkpoint:
 WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
+#: models up to this many numbers (about 256 MB) are built on the CPU to read their shapes
+SHAPES_ON_CPU = 2**26
+
+
+def _size_bound(cfg) -> int:
+    """More numbers than a model of ``cfg`` allocates (weights, masks, position tables)."""
+    per_layer = (4 * cfg.n_heads * cfg.d_head * (cfg.d_model + 1) + 2 * cfg.d_mlp * (cfg.d_model + 1)
+                 + 6 * cfg.d_model + 2 * cfg.n_ctx * (cfg.n_ctx + cfg.d_head))
+    return 2 * (cfg.d_vocab * (2 * cfg.d_model + 1) + 2 * cfg.n_ctx * cfg.d_model + cfg.n_layers * per_layer)
+
+
 def expected_shapes(config) -> dict[str, tuple]:
-    """The shape of every tensor a checkpoint of ``config`` holds (the model's ``weights()``),
-    found without allocating any memory (on torch's meta device), so a config asking for 10**9
-    tokens costs nothing."""
-    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+    """The shape of every tensor a checkpoint of ``config`` holds (the model's ``weights()``).
+    A config too large to build here (a vocabulary of 10**9 tokens) is built on torch's meta
+    device, which allocates nothing; the course's sizes are built on the CPU, a few milliseconds,
+    as arithmetic on the meta device imports torch._dynamo and sympy on first use (about 2 s in
+    every process that loads a checkpoint)."""
+    device = "cpu" if _size_bound(config) <= SHAPES_ON_CPU else "meta"
+    with torch.device(device), torch.random.fork_rng(devices=[]):
         return {k: tuple(v.shape) for k, v in config.build().weights().items()}
 
 
