@@ -17,6 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from attncircuits.models import hooked
+
 ROOT = Path(__file__).resolve().parents[1]
 CANONICAL = ROOT / "notebooks" / "01_attention_only_transformer.ipynb"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -129,24 +131,42 @@ sys.meta_path.insert(0, Block())
 """
 
 
+@pytest.fixture(scope="module")
+def learner_cell_runs(tmp_path_factory):
+    """The three runs of a learner's first cell (no torch, no package; torch but no package; on
+    Colab), once for each different cell: the generator writes the same set-up into every copy,
+    and what a cell's code does depends on its code alone."""
+    done = {}
+
+    def runs(cell: str):
+        if cell not in done:
+            tmp = tmp_path_factory.mktemp("learner-cell")
+            for sub in ("bare", "with-torch", "colab"):  # a folder named torch would be importable
+                (tmp / sub).mkdir()
+            done[cell] = (run_cell(tmp / "bare", site=False, cell=cell),  # no torch either
+                          run_cell(tmp / "with-torch", site=True, cell=BLOCK_PACKAGE + cell),  # no package
+                          run_cell(tmp / "colab", site=False, colab="env", cell=cell))
+        return done[cell]
+
+    return runs
+
+
 @pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
-def test_a_downloaded_learner_notebook_says_the_one_command_off_colab(tmp_path, path):
+def test_a_downloaded_learner_notebook_says_the_one_command_off_colab(path, learner_cell_runs):
     """A learner's notebook may be opened with no clone around it: off Colab its first cell stops
     with the one ``%pip install`` that installs the package from the repository; on Colab it
     installs it as the solved chapters' cell does."""
-    cell = first_cell(path).source
-    proc, pip = run_cell(tmp_path, site=False, cell=cell)  # no torch either
+    bare, with_torch, colab = learner_cell_runs(first_cell(path).source)
+    proc, pip = bare
     assert proc.returncode != 0 and pip is None
     assert f'%pip install "{SOURCE}"' in proc.stderr, proc.stderr
     # without torch, its CPU build first: pip would otherwise bring the CUDA build (gigabytes)
     cpu = "%pip install torch --index-url https://download.pytorch.org/whl/cpu"
     assert cpu in proc.stderr and proc.stderr.index(cpu) < proc.stderr.index(SOURCE), proc.stderr
-    (tmp_path / "torch").mkdir()
-    proc, pip = run_cell(tmp_path / "torch", site=True, cell=BLOCK_PACKAGE + cell)  # torch, no package
+    proc, pip = with_torch
     assert proc.returncode != 0 and pip is None
     assert f'%pip install "{SOURCE}"' in proc.stderr and "install torch" not in proc.stderr, proc.stderr
-    (tmp_path / "colab").mkdir()
-    proc, pip = run_cell(tmp_path / "colab", site=False, colab="env", cell=cell)
+    proc, pip = colab
     assert proc.returncode == 0, proc.stderr
     assert [a for a in pip[1:] if not a.startswith("-")] == [SOURCE]
 
@@ -181,21 +201,34 @@ sys.meta_path.insert(0, Block())
 """
 
 
-def test_the_transformer_lens_cell_off_colab_names_the_install_command(tmp_path):
+def test_the_transformer_lens_cell_off_colab_names_the_install_command(monkeypatch):
     """Without TransformerLens (and off Colab) the cell stops with the one command to run; with it,
-    it does nothing."""
-    cell = next(iter(tl_cells().values()))
-    env = {k: v for k, v in os.environ.items() if k != "COLAB_RELEASE_TAG"}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    blocked = subprocess.run([sys.executable, "-c", BLOCK_TL + cell], capture_output=True, text=True, env=env, timeout=120)
-    assert blocked.returncode != 0
-    assert "ModuleNotFoundError" in blocked.stderr and "`pip install -e '.[tl]'`" in blocked.stderr, blocked.stderr
-    assert '`%pip install "transformer-lens>=4.3,<5"`' in blocked.stderr, blocked.stderr  # no clone needed
+    it does nothing. Run in this process (chapter 9's nbval run imports the real package; here
+    a stand-in module saves its import)."""
+    import importlib.metadata
+    import types
+
+    cell = compile(next(iter(tl_cells().values())), "<chapter 9's set-up cell>", "exec")
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setitem(sys.modules, "transformer_lens", None)  # `import transformer_lens` fails
+    with pytest.raises(ModuleNotFoundError) as blocked:
+        exec(cell, {})
+    assert "`pip install -e '.[tl]'`" in str(blocked.value), blocked.value
+    assert '`%pip install "transformer-lens>=4.3,<5"`' in str(blocked.value), blocked.value  # no clone needed
     # a version outside the range (3.x, whose HookedTransformer 4.0 removed) stops it too, in one line
-    old = "import importlib.metadata as m; m.version = lambda name: '3.9.0'\n"
-    stale = subprocess.run([sys.executable, "-c", old + cell], capture_output=True, text=True, env=env, timeout=120)
-    last = stale.stderr.strip().splitlines()[-1]
-    assert stale.returncode != 0 and "too old" in last and "pip install -e '.[tl]'" in last, stale.stderr
-    pytest.importorskip("transformer_lens")
-    present = subprocess.run([sys.executable, "-c", cell], capture_output=True, text=True, env=env, timeout=120)
-    assert present.returncode == 0, present.stderr
+    real_version = importlib.metadata.version
+    for old in ("3.9.0", "5.0.0"):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=old: v)
+        with pytest.raises(ModuleNotFoundError) as stale:
+            exec(cell, {})
+        text = str(stale.value)
+        assert "\n" not in text and ("too old" in text or "newer than" in text), text
+        assert "pip install -e '.[tl]'" in text, text
+    monkeypatch.setattr(importlib.metadata, "version", real_version)
+    try:
+        hooked.transformer_lens_version()  # the installed one is in the range
+    except ImportError:
+        pytest.skip("TransformerLens is not installed here (the `tl` extra)")
+    monkeypatch.setitem(sys.modules, "transformer_lens", types.ModuleType("transformer_lens"))
+    exec(cell, {})  # does nothing
