@@ -277,7 +277,7 @@ def test_the_course_sizes_read_their_shapes_on_the_cpu_and_load_without_torch_dy
     import subprocess
     import sys
 
-    from attncircuits.checkpoints import pretrained
+    from attncircuits.checkpoints import weights_file
     from attncircuits.train import family
 
     for name in family.MEMBERS:
@@ -285,12 +285,12 @@ def test_the_course_sizes_read_their_shapes_on_the_cpu_and_load_without_torch_dy
         with torch.device("meta"):
             meta = {k: tuple(v.shape) for k, v in cfg.build().weights().items()}
         torch.manual_seed(3)
-        shapes, after = pretrained.expected_shapes(cfg), torch.rand(1)
+        shapes, after = weights_file.expected_shapes(cfg), torch.rand(1)
         torch.manual_seed(3)
         assert shapes == meta and torch.equal(after, torch.rand(1)), name
         model = cfg.build()
         numbers = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
-        assert numbers <= pretrained._size_bound(cfg) <= pretrained.SHAPES_ON_CPU, name
+        assert numbers <= weights_file._size_bound(cfg) <= weights_file.SHAPES_ON_CPU, name
     code = ("import sys, attncircuits; [attncircuits.load_pretrained(n) for n in ('attn-only-1l', 'attn-only-2l')]; "
             "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
