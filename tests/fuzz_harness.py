@@ -69,15 +69,28 @@ OUTCOMES = ("clear", "correct", "deep", "silent", "refused")
 N_LAYERS, N_HEADS, D_VOCAB, N_CTX = 2, 4, 50, 16
 
 
+class Lazy:
+    """A value made when a call first needs it, not when the targets are listed: the listing runs
+    in every pytest worker at collection, and a TransformerLens model or a tensor on the meta device
+    imports TransformerLens or torch._dynamo (about 5 s) there."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = cache(make)
+
+
 @dataclass(frozen=True)
 class Val:
-    """One argument value: whether it is valid for its kind, a label for reports, and the words
-    of which an error refusing it must contain one."""
+    """One argument value (``raw``: itself, or a :class:`Lazy` that makes it): whether it is valid
+    for its kind, a label for reports, and the words of which an error refusing it must contain one."""
 
-    value: Any
+    raw: Any
     valid: bool
     label: str
     words: tuple[str, ...] = ()
+
+    @property
+    def value(self) -> Any:
+        return self.raw.make() if isinstance(self.raw, Lazy) else self.raw
 
     def __repr__(self) -> str:
         return self.label
@@ -218,7 +231,7 @@ def no_values(name: str, ndim: int = 1) -> list[Val]:
     ragged list (rows of different lengths, no array)."""
     w = ("token", name)
     shape = (2, 3) if ndim == 2 else (3,)
-    return [Val(torch.ones(shape, dtype=torch.long, device="meta"), False, f"{name}=meta{list(shape)}", w),
+    return [Val(Lazy(lambda: torch.ones(shape, dtype=torch.long, device="meta")), False, f"{name}=meta{list(shape)}", w),
             Val([[1, 2], [3]], False, f"{name}=ragged [[1, 2], [3]]", w)]
 
 
@@ -635,10 +648,10 @@ def targets() -> list[Target]:
                examples=4, check=lambda r: r.get_vocab_size() == 2048))
     add(Target("interop.to_transformer_lens", lambda model: interop.to_transformer_lens(model),
                {"model": [Val(model(1), True, "model=ours"), Val(None, False, "model=None", ("model",)),
-                          Val(_tl_model(), False, "model=TransformerBridge", ("model",)), Val(4, False, "model=4", ("model",))]},
+                          Val(Lazy(_tl_model), False, "model=TransformerBridge", ("model",)), Val(4, False, "model=4", ("model",))]},
                examples=4, check=lambda r: r.cfg.n_layers == 1))
     add(Target("interop.from_transformer_lens", lambda tl_model: interop.from_transformer_lens(tl_model),
-               {"tl_model": [Val(_tl_model(), True, "tl_model=TransformerBridge"), Val(None, False, "tl_model=None", ("tl_model",)),
+               {"tl_model": [Val(Lazy(_tl_model), True, "tl_model=TransformerBridge"), Val(None, False, "tl_model=None", ("tl_model",)),
                              Val(model(2), False, "tl_model=ours", ("tl_model",)), Val("gpt2", False, "tl_model='gpt2'", ("tl_model",))]},
                examples=4, check=lambda r: r.cfg.n_layers == 1))
     return T
@@ -659,7 +672,7 @@ def ablate_values() -> list[Val]:
             Val(torch.zeros(2, 4, 32), True, "value=zeros[2, 4, d_model]"), Val(torch.zeros(32), True, "value=zeros[d_model]"),
             Val(lambda out: 0 * out, True, "value=lambda out: 0 * out"), Val(float("nan"), False, "value=nan", w),
             Val("0", False, "value='0'", w), Val(None, False, "value=None", w), Val(torch.zeros(5), False, "value=zeros[5]", w),
-            Val(True, False, "value=True", w), Val(torch.zeros(2, 4, 32, device="meta"), False, "value=meta", w)]
+            Val(True, False, "value=True", w), Val(Lazy(lambda: torch.zeros(2, 4, 32, device="meta")), False, "value=meta", w)]
 
 
 def pattern_values() -> list[Val]:
@@ -672,7 +685,7 @@ def pattern_values() -> list[Val]:
             Val(torch.eye(3), False, "pattern=eye(3)", w), Val(torch.full((4, 4), float("nan")), False, "pattern=nan", w),
             Val("x", False, "pattern='x'", w), Val(None, False, "pattern=None", w),
             Val(torch.eye(4).bool(), False, "pattern=bool eye(4)", w), Val(torch.eye(4).expand(3, 4, 4), False, "pattern=eye[3, 4, 4]", w),
-            Val(torch.eye(4, device="meta"), False, "pattern=meta", w)]
+            Val(Lazy(lambda: torch.eye(4, device="meta")), False, "pattern=meta", w)]
 
 
 def target_positions(n: int) -> list[Val]:

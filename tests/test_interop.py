@@ -14,10 +14,9 @@ from attncircuits.analysis.circuits.composition import composition_scores
 from attncircuits.analysis.circuits.factored import full_ov_circuit
 from attncircuits.checkpoints.pretrained import MODEL_NAMES, validation_windows
 from attncircuits.models import interop
+from lazy_tl import transformer_lens
 
-tl = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'` (make test installs it)"
-)
+tl = transformer_lens()
 from attncircuits.models.interop import from_transformer_lens, to_transformer_lens  # noqa: E402
 
 LOGPROB_TOL = 1e-4  # float32 logits of two implementations of one sum; measured about 2e-5

@@ -11,8 +11,9 @@ from attncircuits.analysis import scores as S
 from attncircuits.data import repeated_rows
 from attncircuits.models.transformer import ModelConfig
 from attncircuits.train.watch import PROBE, HeadWatch
+from lazy_tl import transformer_lens
 
-tl = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed: `pip install -e '.[tl]'`")
+tl = transformer_lens()
 
 
 def tl_model(seed=0):
