@@ -293,3 +293,30 @@ def test_the_icl_change_is_each_windows_own_change_with_its_standard_error():
         icl_change(steps[6:], rows[6:], window)
     with pytest.raises(ValueError, match="rows must be"):
         icl_change(steps, rows[:, :1], window)
+
+
+def test_the_family_table_keeps_each_number_in_its_own_column():
+    """The closing table (chapter 11 prints it): every line fits the book's column, each head and its
+    score sit under their own header words, and the ICL change has a standard error exactly when the
+    results keep each window's score."""
+    from attncircuits.analysis import phase
+
+    rows = [phase.summarize(n, r) for n, r in family.load(family.RESULTS / "seed-0").items()]
+    text = phase.table(rows)
+    lines = text.split("\n")
+    assert len(lines) == 2 + len(rows) + 1 and lines[-1] == f"a step is {rows[0].tokens_per_step:,} tokens"
+    assert max(map(len, lines)) <= 79
+    header = lines[1]
+    for line, r in zip(lines[2:-1], rows):
+        ind, prev = f"{r.phase.head[0]}.{r.phase.head[1]}", f"{r.prev_head[0]}.{r.prev_head[1]}"
+        i, p = header.index("head"), header.rindex("head")  # each name starts under its "head"
+        assert line[i:i + len(ind)] == ind and line[p:p + len(prev)] == prev, line
+        for word, shown in (("score", f"{r.phase.best:.2f}"), ("before", f"{r.icl_before:+.2f}"),
+                            ("after", f"{r.icl_after:+.2f}")):  # numbers end under their word
+            end = header.index(word) + len(word)
+            assert line[:end].split()[-1] == shown, (word, line)
+        assert line[header.rindex("score") + 5 - 4:header.rindex("score") + 5] == f"{r.prev_score:.2f}", line
+        se_end = header.index("s.e.") + 4
+        assert (line[se_end - 4:se_end].strip() != "") == (r.icl is not None), line
+    with_rows = rows[0].__class__(**{**vars(rows[0]), "icl": phase.ICLChange(-0.2, -0.5, -0.3, 0.04, 1024)})
+    assert "-0.30 0.04" in with_rows.row()

@@ -237,19 +237,30 @@ class MemberSummary:
     icl: ICLChange | None = None  # across the phase change on the fixed windows (results that keep them)
 
     def row(self) -> str:
+        """One line under :data:`TABLE_HEADER` (77 columns). The ICL score's change has its standard
+        error where the results keep each window's score; otherwise that column is blank."""
         w = self.phase.window
-        when = (f"{w.start_step:>5,}-{w.end_step:<5,} {w.start_step * self.tokens_per_step / 1e6:>4.2f}M"
-                if self.phase.formed else f"{'none in ' + format(self.steps, ','):<17}")
-        ind = f"{self.phase.head[0]}.{self.phase.head[1]} {self.phase.best:.2f}"
-        prev = f"{self.prev_head[0]}.{self.prev_head[1]} {self.prev_score:.2f}"
-        return (f"{self.member:<16}{self.n_params / 1e3:>5.0f}k {when} {self.icl_before:>+5.2f} "
-                f"{self.icl_after:>+5.2f} {ind:>8} {prev:>8}")
+        when = f"{w.start_step:>5,}-{w.end_step:<5,}" if self.phase.formed else "none"
+        change = self.icl.change if self.icl is not None else self.icl_after - self.icl_before
+        se = f"{self.icl.se:4.2f}" if self.icl is not None else ""
+        ind, prev = (f"{h[0]}.{h[1]:<3}{s:>5.2f}" for h, s in ((self.phase.head, self.phase.best),
+                                                                (self.prev_head, self.prev_score)))
+        return (f"{self.member:<16}{when:<12} {self.icl_before:>+6.2f}{self.icl_after:>+6.2f}{change:>+7.2f} "
+                f"{se:>4}  {ind}  {prev}")
 
 
-#: the header of :meth:`MemberSummary.row` (79 columns)
-TABLE_HEADER = (f"{'member':<16}{'params':>6} {'phase change':<17} {'ICL':>5} {'':>5} {'best':>8} {'best':>8}\n"
-                f"{'':<16}{'':>6} {'steps':<11}{'tokens':>6} {'bef.':>5} {'aft.':>5} "
-                f"{'ind.':>8} {'prev.':>8}")
+#: the header of :meth:`MemberSummary.row`: a best head as layer.head, then its score
+TABLE_HEADER = (f"{'':<16}{'phase change':<13}{'ICL score':<26}{'induction':<12}prev-token\n"
+                f"{'member':<16}{'steps':<12} {'before':>6}{'after':>6}{'change':>7} {'s.e.':>4}  "
+                f"{'head':<5}{'score':>5}  {'head':<5}{'score':>5}")
+
+
+def table(rows: list[MemberSummary]) -> str:
+    """:data:`TABLE_HEADER`, a row per member, and a line giving the steps in tokens."""
+    per_step = {r.tokens_per_step for r in rows}
+    tokens = (f"a step is {per_step.pop():,} tokens" if len(per_step) == 1
+              else "the members' steps differ in tokens: " + ", ".join(f"{r.member} {r.tokens_per_step:,}" for r in rows))
+    return "\n".join([TABLE_HEADER, *(r.row() for r in rows), tokens])
 
 
 def summarize(name: str, result: dict) -> MemberSummary:

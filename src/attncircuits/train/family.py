@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attncircuits.analysis import losses
-from attncircuits.analysis.phase import TABLE_HEADER, summarize
+from attncircuits.analysis import losses, phase
+from attncircuits.analysis.phase import summarize
 from attncircuits.analysis.scores import head_scores
 from attncircuits.checkpoints import modelset
 from attncircuits.core import devices, durable
@@ -391,7 +391,7 @@ def record(seed: int, out: Path | None = None, records: Path | None = None) -> P
 
 def table(out: Path) -> str:
     """The closing table: each member's phase change, ICL score before and after it, best heads."""
-    return "\n".join([TABLE_HEADER, *(summarize(n, r).row() for n, r in load(out).items())])
+    return phase.table([summarize(n, r) for n, r in load(out).items()])
 
 
 if __name__ == "__main__":  # `python -m attncircuits.train.family` runs the command line's module
