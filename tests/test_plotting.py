@@ -367,3 +367,30 @@ def test_the_cover_check_sees_a_legend_on_tick_labels():
     legend_under_axis(ax)
     assert not covered_data(fig)
     plt.close(fig)
+
+
+def test_the_family_depth_colours_are_told_apart_and_show_on_both_themes():
+    """Chapter 11 draws up to six depths in one panel, on a white figure that the book's dark mode
+    dims (brightness 0.8): each depth's colour keeps a contrast of 2 with white and 1.5 with the
+    dimmed white, and no two depths share a hue family (six blues from light to dark did not)."""
+    import colorsys
+
+    from matplotlib.colors import to_rgb
+
+    from attncircuits.show.plotting.family import DEPTH_COLOURS
+
+    def luminance(rgb):
+        lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    def contrast(a, b):
+        hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+        return (hi + 0.05) / (lo + 0.05)
+
+    rgbs = [to_rgb(c) for c in DEPTH_COLOURS]
+    assert len(set(DEPTH_COLOURS)) == 6
+    for c, rgb in zip(DEPTH_COLOURS, rgbs):
+        assert contrast(rgb, (1, 1, 1)) >= 2 and contrast(rgb, (0.8, 0.8, 0.8)) >= 1.5, c
+    hues = sorted(colorsys.rgb_to_hls(*rgb)[0] * 360 for rgb in rgbs)
+    gaps = [b - a for a, b in zip(hues, hues[1:])] + [hues[0] + 360 - hues[-1]]
+    assert sum(g >= 15 for g in gaps) >= 5, hues  # at most two of the six share a hue family

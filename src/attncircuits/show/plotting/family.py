@@ -10,8 +10,10 @@ from matplotlib.figure import Figure
 
 from attncircuits.show.plotting.base import LABEL_PT, SMALL_PT, TICK_PT, finish, new_figure, numpy, set_title
 
-#: one colour per depth (1 to 6 layers), light to dark, the same in every figure of the family
-DEPTH_COLOURS = ("#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
+#: one colour per depth (1 to 6 layers), the same in every figure of the family: colour-blind-safe
+#: hues in order round the colour wheel, each dark enough to show on the white figure and on the
+#: book's dark mode, which dims it (six blues from light to dark were hard to tell apart there)
+DEPTH_COLOURS = ("#009E73", "#0072B2", "#7570B3", "#CC79A7", "#D55E00", "#A6761D")
 SCHEME_COLOURS = ("tab:green", "tab:orange", "tab:purple", "tab:red")
 
 
