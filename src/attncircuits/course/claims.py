@@ -215,7 +215,9 @@ def _not_held(recorded: dict[str, dict], now: dict[str, dict]) -> list[tuple[str
     """``(chapter, the claim now, the wording a restated claim was recorded under or None, {run:
     measured value})`` per claim that did not hold on some run, sorted (see
     :func:`not_held_across_runs`)."""
-    rows: dict[tuple[str, str], tuple[str | None, dict]] = {}  # "stands": the marker STANDS for was
+    # (chapter, claim now) -> (was: None for the shipped run's, STANDS for one kept in its words, else
+    # the wording the runs recorded it under; {run: measured value})
+    rows: dict[tuple[str, str], tuple[str | None, dict]] = {}
     for run, chapters in recorded.items():
         for chapter, counts in chapters.items():
             for line in counts.get("claims_not_held", []):
